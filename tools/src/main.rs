@@ -1,0 +1,2 @@
+//! The `rdmx` command.
+fn main() {}

@@ -1,0 +1,183 @@
+//! Completion queues and completion channels.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::device::Context;
+use crate::error::VerbsError;
+use crate::soft::driver::{self, ChannelInner};
+use crate::types::WorkCompletion;
+
+/// How long a blocking wait polls before it sleeps (a wake-up costs ~25-30 us here).
+fn spin_time() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("RDMX_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+        Duration::from_micros(us)
+    })
+}
+
+/// A completion channel (`struct ibv_comp_channel`): a pollable fd that becomes readable when
+/// an armed CQ gets a completion.
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    ctx: Context,
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl CompletionChannel {
+    pub(crate) fn new(ctx: Context) -> Result<Self, VerbsError> {
+        let inner = Arc::new(
+            ChannelInner::new().map_err(|source| VerbsError::Io { op: "eventfd", source })?,
+        );
+        Ok(Self { ctx, inner })
+    }
+
+    /// Waits until an armed CQ of this channel fires or `timeout` passes; consumes one event
+    /// (`ibv_get_cq_event`). Returns whether an event arrived. It polls for a short time
+    /// (`RDMX_SPIN_US`, default 50 us) before sleeping, making progress itself meanwhile.
+    ///
+    /// # Errors
+    /// `Io` when `poll(2)` fails.
+    pub fn wait(&self, timeout: Duration) -> Result<bool, VerbsError> {
+        let start = Instant::now();
+        let spin = spin_time().min(timeout);
+        let dev = self.ctx.dev();
+        loop {
+            if self.take() {
+                return Ok(true);
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+            dev.progress();
+        }
+        dev.release();
+        loop {
+            if self.take() {
+                return Ok(true);
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                return Ok(false);
+            }
+            driver::sys::poll_readable(&[self.inner.fd.raw()], Some(timeout - elapsed))
+                .map_err(|source| VerbsError::Io { op: "poll", source })?;
+        }
+    }
+
+    fn take(&self) -> bool {
+        let mut q = self.inner.ready.lock();
+        let got = q.pop_front().is_some();
+        if q.is_empty() {
+            self.inner.fd.drain();
+        }
+        got
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    /// Readable while an event is pending; valid as long as this channel lives.
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.raw()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) ctx: Context,
+    pub(crate) id: u32,
+    channel: CompletionChannel,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.ctx.dev().clear_channel(id);
+        // Every QP using this CQ holds a reference to it, so none is left here.
+        let _ = self.ctx.dev().with_nic(|n, _| n.destroy_cq(id));
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(
+        ctx: Context,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<Self, VerbsError> {
+        if cqe == 0 || cqe > 1 << 22 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "CQ size {cqe} must be between 1 and {}",
+                1 << 22
+            )));
+        }
+        let channel = match channel {
+            Some(c) => c.clone(),
+            None => CompletionChannel::new(ctx.clone())?,
+        };
+        let id = ctx.dev().with_nic(|n, _| n.create_cq(cqe));
+        ctx.dev().set_channel(id, &channel.inner);
+        Ok(Self { inner: Arc::new(CqInner { ctx, id, channel }) })
+    }
+
+    /// Moves up to `wc.len()` completions into `wc` and returns how many (`ibv_poll_cq`).
+    /// Polling also drives the soft device: it reads the sockets on this thread, so a loop
+    /// around `poll` is the busy-poll mode.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
+        let dev = self.inner.ctx.dev();
+        let n = dev.with_nic(|n, _| n.poll_cq(self.inner.id, wc));
+        if n > 0 {
+            return n;
+        }
+        dev.progress();
+        dev.with_nic(|n, _| n.poll_cq(self.inner.id, wc))
+    }
+
+    /// Arms the CQ: the channel fires at the next completion (or next solicited one)
+    /// (`ibv_req_notify_cq`).
+    pub fn req_notify(&self, solicited_only: bool) {
+        let id = self.inner.id;
+        self.inner.ctx.dev().with_nic(|n, _| n.req_notify_cq(id, solicited_only));
+    }
+
+    /// The channel this CQ signals.
+    pub fn channel(&self) -> &CompletionChannel {
+        &self.inner.channel
+    }
+
+    /// Polls, and if nothing is there, arms the CQ and waits on its channel (spinning
+    /// briefly first), up to `timeout`. Returns the number of completions (0 on timeout).
+    ///
+    /// # Errors
+    /// `Io` when waiting fails.
+    pub fn poll_blocking(
+        &self,
+        wc: &mut [WorkCompletion],
+        timeout: Duration,
+    ) -> Result<usize, VerbsError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.poll(wc);
+            if n > 0 {
+                return Ok(n);
+            }
+            self.req_notify(false);
+            let n = self.poll(wc);
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(0);
+            }
+            self.inner.channel.wait(deadline - now)?;
+        }
+    }
+}

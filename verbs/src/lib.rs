@@ -1,0 +1,55 @@
+//! # rdmx-verbs
+//!
+//! A safe Rust rendering of the RDMA verbs (`ibv_*`): devices, protection domains, memory
+//! regions, completion queues and channels, queue pairs with the real state machine, and
+//! work requests — plus the **soft provider**, a userspace RDMA NIC that speaks
+//! RoCEv2-framed InfiniBand transport packets over UDP, so everything runs on machines
+//! without RDMA hardware.
+//!
+//! ```text
+//! Device::open(name) -> Context -> ProtectionDomain -> MemoryRegion, QueuePair
+//!                               -> CompletionQueue (+ CompletionChannel)
+//! soft provider:  wire (headers, ICRC)  <-  engine (sans-I/O RC transport)  <-  driver (UDP)
+//! ```
+//!
+//! ## Quick start
+//! ```no_run
+//! use rdmx_verbs::{AccessFlags, Device};
+//! let ctx = Device::open("soft:127.0.0.1")?;
+//! let pd = ctx.alloc_pd()?;
+//! let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+//! mr.write(0, b"hello")?;
+//! let cq = ctx.create_cq(256, None)?;
+//! # Ok::<(), rdmx_verbs::VerbsError>(())
+//! ```
+//!
+//! ## Safety model
+//! Posting is safe: an SGE names memory by key, and the provider resolves the key when it
+//! executes the request (a stale key completes with `LocProtErr`). Registered bytes are only
+//! accessed through copies with atomic word accesses, so the NIC writing on behalf of a
+//! remote peer never races with the application in the Rust sense.
+//!
+//! ## Cargo features
+//! None yet; the `ibverbs` feature (libibverbs hardware provider) comes in a later release.
+#![deny(unsafe_code)]
+
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod pd;
+pub mod qp;
+pub mod soft;
+pub mod types;
+pub mod wr;
+
+mod mem;
+
+pub use cq::{CompletionChannel, CompletionQueue};
+pub use device::{Context, Device, DeviceOptions};
+pub use error::{PostError, VerbsError};
+pub use pd::{MemoryRegion, ProtectionDomain};
+pub use qp::{QpInitAttr, QueuePair};
+pub use soft::engine::{AsyncEvent, NicCounters};
+pub use soft::fault::{FaultConfig, FaultStats};
+pub use types::*;
+pub use wr::{RecvWr, SendWr, Sge, WrOpcode};

@@ -1,0 +1,202 @@
+//! Registered memory: the bytes behind a memory region.
+//!
+//! A soft NIC writes into registered memory from its own threads on behalf of remote peers
+//! (RDMA WRITE, atomics, incoming SENDs), at any time, exactly like a hardware NIC's DMA. To
+//! keep that free of data races in the Rust sense, the bytes are never handed out as `&[u8]` /
+//! `&mut [u8]`: every access, by the NIC or by the application, goes through this module's
+//! copy functions, which use relaxed atomic loads and stores (plain moves on x86-64 and
+//! aarch64). A reader racing a remote writer may see a mix of old and new bytes — the same
+//! guarantee real RDMA gives — but never undefined behaviour. 8-byte aligned words are also
+//! available as `AtomicU64` for RDMA atomics.
+//!
+//! This is the only module of the soft provider that contains `unsafe`.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+/// Alignment of every registered buffer (a page, as a hardware NIC would like it).
+const ALIGN: usize = 4096;
+
+/// An owned, zero-initialised, page-aligned allocation accessed only through atomics.
+#[derive(Debug)]
+pub struct RegisteredMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the allocation is owned by this value and only ever accessed through atomic
+// operations (see the module docs), so sharing it between threads cannot race.
+unsafe impl Send for RegisteredMemory {}
+// SAFETY: as above; `&RegisteredMemory` only permits atomic accesses.
+unsafe impl Sync for RegisteredMemory {}
+
+impl RegisteredMemory {
+    /// Allocates `len` zeroed bytes (at least one byte is allocated so that the address is
+    /// unique even for empty regions). Returns `None` when the size is impossible or the
+    /// allocator fails.
+    pub fn new(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len.max(1), ALIGN).ok()?;
+        // SAFETY: `layout` has a non-zero size (len.max(1)).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw)?;
+        Some(Self { ptr, len })
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The virtual address of the first byte (what verbs calls the MR's `addr`).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    fn byte(&self, i: usize) -> &AtomicU8 {
+        debug_assert!(i < self.len);
+        // SAFETY: callers check `i < self.len`; the pointer is inside our live allocation and
+        // is only ever accessed atomically, so creating an `&AtomicU8` is sound.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(i)) }
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i + 8 <= self.len && (self.addr() as usize + i) % 8 == 0);
+        // SAFETY: callers check that `i..i+8` is inside the allocation and 8-byte aligned
+        // (the base is page aligned); all accesses are atomic.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(i).cast::<u64>()) }
+    }
+
+    /// The atomic word at `offset`, if it is 8-byte aligned and inside the region.
+    pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
+        let end = offset.checked_add(8)?;
+        if end > self.len || offset % 8 != 0 {
+            return None;
+        }
+        Some(self.word(offset))
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` into `dst`. Returns false (copying
+    /// nothing) when the range is outside the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> bool {
+        let Some(end) = offset.checked_add(dst.len()) else {
+            return false;
+        };
+        if end > self.len {
+            return false;
+        }
+        let mut i = offset;
+        let mut d = 0;
+        // Leading bytes up to the next 8-byte boundary.
+        while i < end && i % 8 != 0 {
+            dst[d] = self.byte(i).load(Ordering::Relaxed);
+            i += 1;
+            d += 1;
+        }
+        while i + 8 <= end {
+            let w = self.word(i).load(Ordering::Relaxed);
+            dst[d..d + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+            d += 8;
+        }
+        while i < end {
+            dst[d] = self.byte(i).load(Ordering::Relaxed);
+            i += 1;
+            d += 1;
+        }
+        true
+    }
+
+    /// Copies `src` into the region at `offset`. Returns false (writing nothing) when the
+    /// range is outside the region.
+    pub fn write(&self, offset: usize, src: &[u8]) -> bool {
+        let Some(end) = offset.checked_add(src.len()) else {
+            return false;
+        };
+        if end > self.len {
+            return false;
+        }
+        let mut i = offset;
+        let mut s = 0;
+        while i < end && i % 8 != 0 {
+            self.byte(i).store(src[s], Ordering::Relaxed);
+            i += 1;
+            s += 1;
+        }
+        while i + 8 <= end {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&src[s..s + 8]);
+            self.word(i).store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            i += 8;
+            s += 8;
+        }
+        while i < end {
+            self.byte(i).store(src[s], Ordering::Relaxed);
+            i += 1;
+            s += 1;
+        }
+        true
+    }
+
+    /// Sets `len` bytes at `offset` to `value`. Returns false when out of range.
+    pub fn fill(&self, offset: usize, len: usize, value: u8) -> bool {
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if end > self.len {
+            return false;
+        }
+        for i in offset..end {
+            self.byte(i).store(value, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+impl Drop for RegisteredMemory {
+    fn drop(&mut self) {
+        // The layout was valid at allocation time, so rebuilding it cannot fail; if it somehow
+        // did we leak rather than free with a wrong layout.
+        if let Ok(layout) = Layout::from_size_align(self.len.max(1), ALIGN) {
+            // SAFETY: `ptr` came from `alloc_zeroed` with this exact layout and is freed once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_write_any_alignment() {
+        let m = RegisteredMemory::new(100).unwrap();
+        assert_eq!(m.addr() % ALIGN as u64, 0);
+        let data: Vec<u8> = (0..37).collect();
+        for off in 0..20 {
+            assert!(m.write(off, &data));
+            let mut out = vec![0u8; 37];
+            assert!(m.read(off, &mut out));
+            assert_eq!(out, data);
+        }
+        assert!(!m.write(90, &data));
+        assert!(!m.read(usize::MAX, &mut [0u8; 2]));
+        assert!(m.atomic_u64(8).is_some());
+        assert!(m.atomic_u64(4).is_none());
+        assert!(m.atomic_u64(96).is_none());
+    }
+
+    #[test]
+    fn empty_region() {
+        let m = RegisteredMemory::new(0).unwrap();
+        assert!(m.is_empty());
+        assert!(m.read(0, &mut []));
+        assert!(!m.read(0, &mut [0u8; 1]));
+    }
+}

@@ -1,0 +1,218 @@
+//! Protection domains and memory regions.
+
+use std::sync::Arc;
+
+use crate::device::Context;
+use crate::error::VerbsError;
+use crate::mem::RegisteredMemory;
+use crate::qp::{QpInitAttr, QueuePair};
+use crate::types::{AccessFlags, Lkey, Rkey};
+use crate::wr::Sge;
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    pub(crate) ctx: Context,
+    pub(crate) id: u32,
+}
+
+/// A protection domain (`struct ibv_pd`): memory regions and queue pairs created from the
+/// same domain may be used together.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+impl ProtectionDomain {
+    pub(crate) fn new(ctx: Context) -> Self {
+        let id = ctx.dev().with_nic(|n, _| n.alloc_pd());
+        Self { inner: Arc::new(PdInner { ctx, id }) }
+    }
+
+    /// The context this domain belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// Allocates `len` zeroed bytes and registers them (`ibv_reg_mr` on memory the region
+    /// owns). Remote access flags other than none require `LOCAL_WRITE`, as in verbs.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an impossible size or flag combination, `ResourceExhausted`
+    /// when the memory cannot be allocated.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion, VerbsError> {
+        if access.bits() & !0xF != 0 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "unknown access flag bits {:#x}",
+                access.bits()
+            )));
+        }
+        let remote_w = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if access.intersects(remote_w) && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE".into(),
+            ));
+        }
+        if len as u64 > 1 << 40 {
+            return Err(VerbsError::InvalidArgument(format!("{len} bytes exceeds max_mr_size")));
+        }
+        let mem = Arc::new(
+            RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?,
+        );
+        let key = self.inner.ctx.dev().with_nic(|n, _| n.reg_mr(self.inner.id, mem.clone(), access));
+        Ok(MemoryRegion { pd: self.inner.clone(), mem, key, access })
+    }
+
+    /// Creates a queue pair (`ibv_create_qp`).
+    ///
+    /// # Errors
+    /// `Unsupported` for QP types this provider lacks, `InvalidAttribute` for capacities
+    /// above the device limits, `InvalidArgument` for CQs of another device.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair, VerbsError> {
+        QueuePair::new(self, attr)
+    }
+}
+
+/// A registered memory region that owns its bytes (`struct ibv_mr`).
+///
+/// The bytes are read and written with [`read`](Self::read) / [`write`](Self::write) (copies
+/// with atomic word accesses) rather than through `&[u8]`, because the NIC may write them at
+/// any time on behalf of a remote peer. Dropping the region deregisters it first; the
+/// memory itself is freed only when no in-flight operation still uses it.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    pd: Arc<PdInner>,
+    mem: Arc<RegisteredMemory>,
+    key: u32,
+    access: AccessFlags,
+}
+
+impl MemoryRegion {
+    /// Virtual address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.mem.addr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> Lkey {
+        Lkey(self.key)
+    }
+
+    /// The remote key (to give to peers).
+    pub fn rkey(&self) -> Rkey {
+        Rkey(self.key)
+    }
+
+    /// The access flags it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// An SGE for `len` bytes at `offset`. A range outside the region is not rejected here;
+    /// a work request using it completes with `LocProtErr`, as on hardware.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr().wrapping_add(offset as u64),
+            length: len.min(u32::MAX as usize) as u32,
+            lkey: self.lkey(),
+        }
+    }
+
+    /// An SGE covering the whole region.
+    pub fn sge_all(&self) -> Sge {
+        self.sge(0, self.len())
+    }
+
+    /// Copies bytes at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), VerbsError> {
+        if self.mem.read(offset, dst) {
+            Ok(())
+        } else {
+            Err(self.range_err(offset, dst.len()))
+        }
+    }
+
+    /// Copies `src` into the region at `offset`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the region.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), VerbsError> {
+        if self.mem.write(offset, src) {
+            Ok(())
+        } else {
+            Err(self.range_err(offset, src.len()))
+        }
+    }
+
+    /// Sets `len` bytes at `offset` to `value`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the region.
+    pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), VerbsError> {
+        if self.mem.fill(offset, len, value) {
+            Ok(())
+        } else {
+            Err(self.range_err(offset, len))
+        }
+    }
+
+    /// A copy of `len` bytes at `offset`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range is outside the region.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, VerbsError> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Reads the 8-byte aligned word at `offset` atomically (host byte order).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when unaligned or out of range.
+    pub fn read_u64(&self, offset: usize) -> Result<u64, VerbsError> {
+        self.mem
+            .atomic_u64(offset)
+            .map(|w| w.load(std::sync::atomic::Ordering::SeqCst))
+            .ok_or_else(|| self.range_err(offset, 8))
+    }
+
+    /// Writes the 8-byte aligned word at `offset` atomically (host byte order).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when unaligned or out of range.
+    pub fn write_u64(&self, offset: usize, v: u64) -> Result<(), VerbsError> {
+        self.mem
+            .atomic_u64(offset)
+            .map(|w| w.store(v, std::sync::atomic::Ordering::SeqCst))
+            .ok_or_else(|| self.range_err(offset, 8))
+    }
+
+    fn range_err(&self, offset: usize, len: usize) -> VerbsError {
+        VerbsError::InvalidArgument(format!(
+            "range {offset}+{len} is outside the {}-byte memory region",
+            self.len()
+        ))
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // Deregister before the memory can be freed; in-flight operations keep their own
+        // reference to the bytes, so nothing writes into freed memory.
+        let key = self.key;
+        self.pd.ctx.dev().with_nic(|n, _| n.dereg_mr(key));
+    }
+}

@@ -1,0 +1,145 @@
+//! Queue pairs.
+
+use std::sync::Arc;
+
+use crate::cq::{CompletionQueue, CqInner};
+use crate::error::{PostError, VerbsError};
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::types::{QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
+use crate::wr::{RecvWr, SendWr};
+
+/// Creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// Transport type.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a CompletionQueue,
+    /// CQ for receive completions.
+    pub recv_cq: &'a CompletionQueue,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Every send WR generates a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// RC attributes with default capacities.
+    pub fn rc(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        Self { qp_type: QpType::Rc, send_cq, recv_cq, cap: QpCap::default(), sq_sig_all: false }
+    }
+}
+
+/// A queue pair (`struct ibv_qp`). `Send + Sync`: work may be posted from several threads.
+#[derive(Debug)]
+pub struct QueuePair {
+    pd: Arc<PdInner>,
+    qpn: Qpn,
+    qp_type: QpType,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+}
+
+impl QueuePair {
+    pub(crate) fn new(pd: &ProtectionDomain, a: &QpInitAttr<'_>) -> Result<Self, VerbsError> {
+        let ctx = &pd.inner.ctx;
+        for cq in [a.send_cq, a.recv_cq] {
+            if !Arc::ptr_eq(&cq.inner.ctx.inner, &ctx.inner) {
+                return Err(VerbsError::InvalidArgument(
+                    "completion queue belongs to another device".into(),
+                ));
+            }
+        }
+        let (pdid, scq, rcq) = (pd.inner.id, a.send_cq.inner.id, a.recv_cq.inner.id);
+        let qpn = ctx.dev().with_nic(|n, _| {
+            n.create_qp(pdid, a.qp_type, scq, rcq, a.cap, a.sq_sig_all)
+        })?;
+        Ok(Self {
+            pd: pd.inner.clone(),
+            qpn,
+            qp_type: a.qp_type,
+            _send_cq: a.send_cq.inner.clone(),
+            _recv_cq: a.recv_cq.inner.clone(),
+        })
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Modifies attributes / moves through the state machine (`ibv_modify_qp`). Only fields
+    /// named in `mask` are read.
+    ///
+    /// # Errors
+    /// `IllegalTransition`, `MissingAttribute` or `UnexpectedAttribute` (naming the mask
+    /// bit) exactly where verbs returns EINVAL; `InvalidAttribute` for out-of-range values.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
+        let qpn = self.qpn;
+        self.pd.ctx.dev().with_nic(|n, now| n.modify_qp(now, qpn, attr, mask))
+    }
+
+    /// Current attributes and capacities (`ibv_query_qp`).
+    ///
+    /// # Errors
+    /// `NoSuchObject` if the device lost the QP (never in normal operation).
+    pub fn query(&self) -> Result<(QpAttr, QpCap), VerbsError> {
+        let qpn = self.qpn;
+        self.pd
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.query_qp(qpn))
+            .ok_or(VerbsError::NoSuchObject("queue pair"))
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.query().map_or(QpState::Err, |(a, _)| a.qp_state)
+    }
+
+    /// Posts a send work request (`ibv_post_send`). The packets of small messages leave from
+    /// this thread before it returns.
+    ///
+    /// # Errors
+    /// See [`PostError`]: wrong state, full queue, too many SGEs, inline too long, malformed.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        let qpn = self.qpn;
+        self.pd.ctx.dev().with_nic(|n, now| n.post_send(now, qpn, wr))
+    }
+
+    /// Posts several send work requests in order; stops at the first error and returns the
+    /// number posted with it.
+    ///
+    /// # Errors
+    /// `(posted, error)` for the first request that could not be posted.
+    pub fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        let qpn = self.qpn;
+        self.pd.ctx.dev().with_nic(|n, now| {
+            for (i, wr) in wrs.iter().enumerate() {
+                n.post_send(now, qpn, wr).map_err(|e| (i, e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`).
+    ///
+    /// # Errors
+    /// See [`PostError`].
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let qpn = self.qpn;
+        self.pd.ctx.dev().with_nic(|n, _| n.post_recv(qpn, wr))
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        self.pd.ctx.dev().with_nic(|n, _| n.destroy_qp(qpn));
+    }
+}

@@ -1,0 +1,452 @@
+//! The soft provider's I/O driver: UDP sockets, the clock, the engine thread, completion
+//! channel and async-event signalling, fault injection and packet capture around the
+//! sans-I/O [`Nic`](crate::soft::engine::Nic).
+//!
+//! Progress model (DESIGN.md): posting threads build and transmit their packets themselves;
+//! a thread polling a CQ drains the sockets and runs the engine inline; the engine thread
+//! stays off the sockets while some thread has polled within [`HANDOFF_NS`] and otherwise
+//! sleeps in `poll(2)` on the sockets, a wake-up eventfd and the next timer. It never spins.
+
+pub(crate) mod pcap;
+pub(crate) mod sys;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::engine::{AsyncEvent, Nic, NicConfig, NicCounters};
+use super::fault::{FaultConfig, FaultInjector, FaultStats};
+use crate::error::VerbsError;
+use pcap::PcapWriter;
+use sys::EventFd;
+
+/// After a CQ poll, the engine thread keeps off the sockets for this long.
+pub(crate) const HANDOFF_NS: u64 = 2_000_000;
+/// Largest UDP payload we send or accept (4096 MTU + headers + pad + ICRC, rounded up).
+const MAX_PACKET: usize = 4096 + 256;
+/// Datagrams read per socket per progress call.
+const RX_BATCH: usize = 64;
+/// Socket buffer size requested (bytes).
+const SOCKET_BUFFER: i32 = 16 << 20;
+
+/// Wake-up state of one completion channel.
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    pub(crate) fd: EventFd,
+    /// CQs whose notification fired and were not yet returned by `get_cq_event`.
+    pub(crate) ready: Mutex<VecDeque<u32>>,
+}
+
+impl ChannelInner {
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(Self { fd: EventFd::new()?, ready: Mutex::new(VecDeque::new()) })
+    }
+}
+
+/// Packets collected under the NIC lock and sent after it is released (in order).
+#[derive(Debug, Default)]
+struct TxBatch {
+    bufs: Vec<Vec<u8>>,
+    meta: Vec<(usize, SocketAddr, usize)>,
+}
+
+/// Receive buffers, used by whichever thread is draining the sockets.
+#[derive(Debug)]
+struct RxState {
+    bufs: Vec<Vec<u8>>,
+}
+
+/// A running soft device.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    nic: Mutex<Nic>,
+    tx: Mutex<TxBatch>,
+    rx: Mutex<RxState>,
+    sockets: Vec<UdpSocket>,
+    addrs: Vec<SocketAddr>,
+    epoch: Instant,
+    last_poll: AtomicU64,
+    wake: EventFd,
+    shutdown: AtomicBool,
+    faults: Option<Mutex<FaultInjector<(usize, SocketAddr)>>>,
+    channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
+    events: Mutex<VecDeque<AsyncEvent>>,
+    event_fd: EventFd,
+    tx_errors: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The process-wide capture file from `RDMX_PCAP`, shared by every soft device.
+fn pcap() -> Option<&'static Mutex<PcapWriter>> {
+    static PCAP: OnceLock<Option<Mutex<PcapWriter>>> = OnceLock::new();
+    PCAP.get_or_init(|| {
+        let path = std::env::var_os("RDMX_PCAP")?;
+        match PcapWriter::create(std::path::Path::new(&path)) {
+            Ok(w) => Some(Mutex::new(w)),
+            Err(e) => {
+                tracing::warn!("RDMX_PCAP: cannot create {:?}: {e}", path);
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// Flushes the capture file (so a process that exits does not lose its tail).
+pub(crate) fn flush_pcap() {
+    if let Some(p) = pcap() {
+        let _ = p.lock().flush();
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
+    let io = |op| move |source| VerbsError::Io { op, source };
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
+    sys::set_pmtudisc_do(s.as_raw_fd(), addr.is_ipv6()).map_err(io("setsockopt(MTU_DISCOVER)"))?;
+    sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
+    s.bind(&addr.into()).map_err(io("bind"))?;
+    s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
+    Ok(s.into())
+}
+
+impl Shared {
+    /// Opens a soft device with one port per address (port 0 picks an ephemeral port).
+    pub(crate) fn open(
+        addrs: &[SocketAddr],
+        faults: Option<FaultConfig>,
+    ) -> Result<Arc<Self>, VerbsError> {
+        let mut sockets = Vec::new();
+        let mut bound = Vec::new();
+        for a in addrs {
+            let s = bind(*a)?;
+            let local = s.local_addr().map_err(|source| VerbsError::Io { op: "getsockname", source })?;
+            sockets.push(s);
+            bound.push(local);
+        }
+        let faults = match faults {
+            Some(f) => Some(f),
+            None => FaultConfig::from_env().map_err(|e| VerbsError::InvalidArgument(format!(
+                "RDMX_FAULTS: {e}"
+            )))?,
+        }
+        .filter(|f| !f.is_noop())
+        .map(|f| Mutex::new(FaultInjector::new(f)));
+        let mut cfg = NicConfig::single_port(bound[0], sys::random_u64());
+        cfg.ports = bound.clone();
+        let io = |op| move |source| VerbsError::Io { op, source };
+        let shared = Arc::new(Self {
+            nic: Mutex::new(Nic::new(cfg)),
+            tx: Mutex::new(TxBatch::default()),
+            rx: Mutex::new(RxState { bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_PACKET]).collect() }),
+            sockets,
+            addrs: bound,
+            epoch: Instant::now(),
+            last_poll: AtomicU64::new(0),
+            wake: EventFd::new().map_err(io("eventfd"))?,
+            shutdown: AtomicBool::new(false),
+            faults,
+            channels: Mutex::new(HashMap::new()),
+            events: Mutex::new(VecDeque::new()),
+            event_fd: EventFd::new().map_err(io("eventfd"))?,
+            tx_errors: AtomicU64::new(0),
+            thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&shared);
+        let handle = std::thread::Builder::new()
+            .name(format!("rdmx-soft-{}", shared.addrs[0]))
+            .spawn(move || engine_thread(weak))
+            .map_err(io("spawn engine thread"))?;
+        *shared.thread.lock() = Some(handle);
+        Ok(shared)
+    }
+
+    /// Local addresses of the ports.
+    pub(crate) fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Nanoseconds since the device was opened.
+    pub(crate) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Engine counters.
+    pub(crate) fn counters(&self) -> NicCounters {
+        self.nic.lock().counters()
+    }
+
+    /// Fault-injection counters, when a plan is active.
+    pub(crate) fn fault_stats(&self) -> Option<FaultStats> {
+        self.faults.as_ref().map(|f| f.lock().stats())
+    }
+
+    /// Transmit errors (packets the kernel refused; recovered by retransmission).
+    pub(crate) fn tx_errors(&self) -> u64 {
+        self.tx_errors.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the NIC, then sends whatever it produced.
+    pub(crate) fn with_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R) -> R {
+        let mut nic = self.nic.lock();
+        let now = self.now();
+        let r = f(&mut nic, now);
+        self.flush(nic, now);
+        r
+    }
+
+    /// Registers the channel that CQ `cq` signals.
+    pub(crate) fn set_channel(&self, cq: u32, ch: &Arc<ChannelInner>) {
+        self.channels.lock().insert(cq, Arc::downgrade(ch));
+    }
+
+    /// Forgets a CQ's channel.
+    pub(crate) fn clear_channel(&self, cq: u32) {
+        self.channels.lock().remove(&cq);
+    }
+
+    /// Pops an asynchronous event.
+    pub(crate) fn pop_event(&self) -> Option<AsyncEvent> {
+        let mut q = self.events.lock();
+        let e = q.pop_front();
+        if q.is_empty() {
+            self.event_fd.drain();
+        }
+        e
+    }
+
+    /// The fd that is readable while async events are queued.
+    pub(crate) fn event_fd(&self) -> &EventFd {
+        &self.event_fd
+    }
+
+    /// Drains everything the NIC has produced and sends the packets, in order, after
+    /// releasing the NIC lock (the TX lock keeps the order between threads).
+    fn flush(&self, mut nic: MutexGuard<'_, Nic>, now: u64) {
+        let mut tx = self.tx.lock();
+        let mut n = 0;
+        loop {
+            if tx.bufs.len() <= n {
+                tx.bufs.push(vec![0u8; MAX_PACKET]);
+            }
+            let Some(t) = nic.poll_transmit(now, &mut tx.bufs[n]) else {
+                break;
+            };
+            tx.meta.push((t.port, t.dst, t.len));
+            n += 1;
+        }
+        let mut notify = Vec::new();
+        while let Some(cq) = nic.poll_cq_notify() {
+            notify.push(cq);
+        }
+        let mut events = Vec::new();
+        while let Some(e) = nic.poll_event() {
+            events.push(e);
+        }
+        drop(nic);
+        let pcap = pcap();
+        let ts = if pcap.is_some() { Some(std::time::SystemTime::now()) } else { None };
+        let TxBatch { bufs, meta } = &mut *tx;
+        for (i, &(port, dst, len)) in meta.iter().enumerate() {
+            let Some(sock) = self.sockets.get(port) else {
+                continue;
+            };
+            let data = &bufs[i][..len];
+            if let (Some(p), Some(ts)) = (pcap, ts) {
+                let src = self.addrs[port];
+                let dst4791 = SocketAddr::new(dst.ip(), crate::soft::wire::ROCE_UDP_PORT);
+                let _ = p.lock().write_frame(ts, src, dst4791, data);
+            }
+            if sock.send_to(data, dst).is_err() {
+                self.tx_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        meta.clear();
+        drop(tx);
+        if !notify.is_empty() {
+            let chans = self.channels.lock();
+            for cq in notify {
+                if let Some(ch) = chans.get(&cq).and_then(Weak::upgrade) {
+                    ch.ready.lock().push_back(cq);
+                    ch.fd.signal();
+                }
+            }
+        }
+        if !events.is_empty() {
+            for e in &events {
+                tracing::debug!(?e, "async event");
+            }
+            self.events.lock().extend(events);
+            self.event_fd.signal();
+        }
+    }
+
+    /// Reads up to a batch of datagrams from every socket (non-blocking) and runs them and
+    /// any due timers through the engine. Returns the number of datagrams handled. Only one
+    /// thread drains at a time; others return 0 at once.
+    fn drain(&self) -> usize {
+        let Some(mut rx) = self.rx.try_lock() else {
+            return 0;
+        };
+        let mut got: Vec<(usize, SocketAddr, usize)> = Vec::new();
+        let mut slot = 0;
+        for (port, sock) in self.sockets.iter().enumerate() {
+            while slot < rx.bufs.len() {
+                match sock.recv_from(&mut rx.bufs[slot]) {
+                    Ok((len, src)) => {
+                        got.push((port, src, len));
+                        slot += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        let now = self.now();
+        let mut nic = self.nic.lock();
+        let pcap = pcap();
+        let ts = if pcap.is_some() && !got.is_empty() {
+            Some(std::time::SystemTime::now())
+        } else {
+            None
+        };
+        let mut handled = 0;
+        for (i, &(port, src, len)) in got.iter().enumerate() {
+            let data = &rx.bufs[i][..len];
+            if let (Some(p), Some(ts)) = (pcap, ts) {
+                let dst = SocketAddr::new(self.addrs[port].ip(), crate::soft::wire::ROCE_UDP_PORT);
+                let _ = p.lock().write_frame(ts, src, dst, data);
+            }
+            match &self.faults {
+                Some(f) => f.lock().handle_frame(now, (port, src), data),
+                None => {
+                    nic.handle_datagram(now, port, src, data);
+                    handled += 1;
+                }
+            }
+        }
+        if let Some(f) = &self.faults {
+            let mut f = f.lock();
+            while let Some(((port, src), frame)) = f.poll_frame(now) {
+                nic.handle_datagram(now, port, src, &frame);
+                handled += 1;
+            }
+        }
+        if nic.poll_timeout().is_some_and(|t| t <= now) {
+            nic.handle_timeout(now);
+        }
+        drop(rx);
+        self.flush(nic, now);
+        handled.max(got.len())
+    }
+
+    /// Called by a thread polling a CQ: claims reception for a while and makes progress.
+    pub(crate) fn progress(&self) {
+        self.last_poll.store(self.now().max(1), Ordering::Relaxed);
+        self.drain();
+    }
+
+    /// Called before a poller goes to sleep: hands reception back to the engine thread now.
+    pub(crate) fn release(&self) {
+        self.last_poll.store(0, Ordering::Relaxed);
+        self.wake.signal();
+    }
+
+    /// Next engine deadline (timers and delayed fault-injected frames).
+    fn next_deadline(&self) -> Option<u64> {
+        let t = self.nic.lock().poll_timeout();
+        let f = self.faults.as_ref().and_then(|f| f.lock().poll_timeout());
+        match (t, f) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        self.wake.signal();
+        flush_pcap();
+    }
+}
+
+/// Stops the engine thread of a device that is being closed.
+pub(crate) fn shutdown(shared: &Arc<Shared>) {
+    shared.shutdown.store(true, Ordering::Relaxed);
+    shared.wake.signal();
+    let handle = shared.thread.lock().take();
+    if let Some(h) = handle {
+        if h.thread().id() != std::thread::current().id() {
+            let _ = h.join();
+        }
+    }
+    flush_pcap();
+}
+
+/// The engine thread: owns timers, and reception whenever no thread is polling.
+fn engine_thread(weak: Weak<Shared>) {
+    let mut fds = Vec::new();
+    loop {
+        let Some(sh) = weak.upgrade() else {
+            return;
+        };
+        if sh.shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = sh.now();
+        let last = sh.last_poll.load(Ordering::Relaxed);
+        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
+        let mut deadline = sh.next_deadline();
+        if poller_active {
+            let handoff_end = last + HANDOFF_NS;
+            deadline = Some(deadline.map_or(handoff_end, |d| d.min(handoff_end)));
+        }
+        let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
+        fds.clear();
+        fds.push(sh.wake.raw());
+        if !poller_active {
+            fds.extend(sh.sockets.iter().map(AsRawFd::as_raw_fd));
+        }
+        // Do not keep the device alive while sleeping.
+        let wake_fd = sh.wake.raw();
+        drop(sh);
+        let ready = sys::poll_readable(&fds, timeout).unwrap_or_default();
+        let Some(sh) = weak.upgrade() else {
+            return;
+        };
+        if ready.first().copied().unwrap_or(false) {
+            let _ = wake_fd;
+            sh.wake.drain();
+        }
+        if sh.shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = sh.now();
+        let last = sh.last_poll.load(Ordering::Relaxed);
+        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
+        if !poller_active {
+            // Drain until the sockets are empty (bounded so timers still run).
+            for _ in 0..64 {
+                if sh.drain() == 0 {
+                    break;
+                }
+            }
+        }
+        let due = sh.next_deadline().is_some_and(|t| t <= sh.now());
+        if due {
+            sh.drain();
+            let mut nic = sh.nic.lock();
+            let now = sh.now();
+            nic.handle_timeout(now);
+            sh.flush(nic, now);
+        }
+    }
+}

@@ -1,0 +1,605 @@
+//! The soft NIC's transport engine, sans-I/O.
+//!
+//! [`Nic`] holds everything a NIC holds — protection domains, the memory table, completion
+//! queues and queue pairs with their requester, responder and completer state — and never
+//! touches a socket, a thread or a clock. The driver feeds it:
+//!
+//! * **(C) commands**: `create_*`, `modify_qp`, `post_send`, `post_recv`, `req_notify_cq` …
+//! * **(B) inputs**: [`Nic::handle_datagram`] for every received UDP payload and
+//!   [`Nic::handle_timeout`] when the time from [`Nic::poll_timeout`] has come;
+//! * **(D) outputs**, to be drained after every input or command, in this order:
+//!   [`Nic::poll_transmit`] until `None` (packets to send), then [`Nic::poll_event`]
+//!   (asynchronous events) and [`Nic::poll_cq_notify`] (completion-channel wake-ups), then
+//!   [`Nic::poll_timeout`] (when to call `handle_timeout` next).
+//!
+//! `now` is nanoseconds since an arbitrary epoch and must never go backwards. Spurious
+//! `handle_timeout` calls are harmless. Randomness (QP numbers, keys) comes from the seed in
+//! [`NicConfig`], so a simulation with a given seed is exactly reproducible.
+//!
+//! Peers are adversaries: a malformed, misaddressed or out-of-window packet is dropped and
+//! counted in [`NicCounters`], or answered with a NAK; nothing on the network path panics.
+
+mod qp;
+mod requester;
+mod responder;
+mod rng;
+mod state;
+
+#[cfg(test)]
+mod sim;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::error::{PostError, VerbsError};
+use crate::mem::RegisteredMemory;
+use crate::soft::wire::{self, IcrcPath, PacketHeaders, Transport};
+use crate::types::{AccessFlags, Gid, QpAttr, QpAttrMask, QpCap, QpType, Qpn, WorkCompletion};
+use crate::wr::{RecvWr, SendWr, Sge};
+
+pub(crate) use qp::Qp;
+pub use rng::Rng;
+
+/// Static configuration of a soft NIC.
+#[derive(Debug, Clone)]
+pub struct NicConfig {
+    /// One entry per port: the local address (IP and UDP port) the port sends from and
+    /// listens on. Port `n` (1-based) is `ports[n - 1]`; its GID (index 0) is its IP.
+    pub ports: Vec<SocketAddr>,
+    /// Seed for QP numbers and memory keys.
+    pub seed: u64,
+    /// Check the ICRC of received packets (assumes IPv4 ID 0 + DF, spec §1.7).
+    pub verify_icrc: bool,
+    /// Largest inline payload a QP may request.
+    pub max_inline_data: u32,
+    /// Requester window: packets in flight per QP before waiting for ACKs.
+    pub max_unacked_psns: u32,
+}
+
+impl NicConfig {
+    /// A configuration for a one-port NIC at `addr`.
+    pub fn single_port(addr: SocketAddr, seed: u64) -> Self {
+        Self {
+            ports: vec![addr],
+            seed,
+            verify_icrc: true,
+            max_inline_data: 1024,
+            max_unacked_psns: 256,
+        }
+    }
+}
+
+/// Counters a NIC keeps (drops are counted, never silent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NicCounters {
+    /// Packets transmitted.
+    pub tx_packets: u64,
+    /// Payload bytes transmitted.
+    pub tx_bytes: u64,
+    /// Packets received (before any check).
+    pub rx_packets: u64,
+    /// Dropped: could not be parsed (truncated, bad lengths, bad version, unknown opcode).
+    pub rx_malformed: u64,
+    /// Dropped: ICRC mismatch.
+    pub rx_bad_icrc: u64,
+    /// Dropped: destination QP does not exist or is in a state that takes no packets.
+    pub rx_no_qp: u64,
+    /// Dropped: wrong source address, P_Key or transport for the QP.
+    pub rx_bad_addr: u64,
+    /// Dropped: out-of-sequence packets after the first NAK, stale responses, duplicates.
+    pub rx_dropped_seq: u64,
+    /// Duplicate requests answered (re-ACK, READ re-execution, atomic replay).
+    pub rx_duplicates: u64,
+    /// RNR NAKs sent (a receive was needed and none was posted).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// PSN-sequence NAKs sent.
+    pub seq_naks_sent: u64,
+    /// Retransmissions started (timeouts, sequence NAKs, implied NAKs).
+    pub retransmits: u64,
+    /// Local ACK timeouts.
+    pub ack_timeouts: u64,
+    /// ACK packets sent.
+    pub acks_sent: u64,
+    /// Completions lost because a CQ overflowed.
+    pub cq_overflows: u64,
+}
+
+/// An asynchronous event (`ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// First packet received while in RTR.
+    CommEstablished(Qpn),
+    /// A QP entered the error state because of a local or transport error.
+    QpFatal(Qpn),
+    /// Responder detected an invalid request (transport/opcode violation).
+    QpRequestError(Qpn),
+    /// Responder detected an access violation.
+    QpAccessError(Qpn),
+    /// RTS->SQD drain finished.
+    SqDrained(Qpn),
+    /// A completion queue overflowed.
+    CqError(u32),
+}
+
+/// A packet ready to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Local port index (0-based) whose socket sends it.
+    pub port: usize,
+    /// Destination address (remote IP and UDP port).
+    pub dst: SocketAddr,
+    /// Bytes written at the start of the caller's buffer (a whole UDP payload).
+    pub len: usize,
+}
+
+/// A memory table entry.
+#[derive(Debug)]
+pub(crate) struct MrEntry {
+    pub(crate) pd: u32,
+    pub(crate) mem: Arc<RegisteredMemory>,
+    pub(crate) access: AccessFlags,
+}
+
+/// A resolved piece of local memory: a registered buffer and a byte range inside it.
+#[derive(Debug, Clone)]
+pub(crate) struct Seg {
+    pub(crate) mem: Arc<RegisteredMemory>,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+/// Where a message's bytes live.
+#[derive(Debug, Clone)]
+pub(crate) enum Payload {
+    Segs(Vec<Seg>),
+    Inline(Vec<u8>),
+}
+
+impl Payload {
+    /// Copies message bytes `[msg_off, msg_off + dst.len())` into `dst`.
+    pub(crate) fn gather(&self, msg_off: usize, dst: &mut [u8]) {
+        match self {
+            Self::Inline(v) => {
+                if let Some(src) = v.get(msg_off..msg_off + dst.len()) {
+                    dst.copy_from_slice(src);
+                }
+            }
+            Self::Segs(segs) => {
+                let mut pos = 0usize;
+                let mut done = 0usize;
+                for s in segs {
+                    if done == dst.len() {
+                        break;
+                    }
+                    let want = msg_off + done;
+                    if want < pos + s.len {
+                        let inner = want - pos;
+                        let n = (s.len - inner).min(dst.len() - done);
+                        s.mem.read(s.off + inner, &mut dst[done..done + n]);
+                        done += n;
+                    }
+                    pos += s.len;
+                }
+            }
+        }
+    }
+}
+
+/// Scatters `src` into `segs` at message offset `msg_off`. Returns false when the segments
+/// are too short.
+pub(crate) fn scatter(segs: &[Seg], msg_off: usize, src: &[u8]) -> bool {
+    let mut pos = 0usize;
+    let mut done = 0usize;
+    for s in segs {
+        if done == src.len() {
+            break;
+        }
+        let want = msg_off + done;
+        if want < pos + s.len {
+            let inner = want - pos;
+            let n = (s.len - inner).min(src.len() - done);
+            s.mem.write(s.off + inner, &src[done..done + n]);
+            done += n;
+        }
+        pos += s.len;
+    }
+    done == src.len()
+}
+
+/// Completion queue state.
+#[derive(Debug)]
+struct Cq {
+    entries: VecDeque<WorkCompletion>,
+    capacity: usize,
+    /// Armed for the next completion (`Some(solicited_only)`), or not armed.
+    armed: Option<bool>,
+    overflowed: bool,
+}
+
+/// NIC-wide resources the QP state machines use.
+#[derive(Debug)]
+pub(crate) struct Resources {
+    pub(crate) cfg: NicConfig,
+    pub(crate) mrs: HashMap<u32, MrEntry>,
+    cqs: HashMap<u32, Cq>,
+    pub(crate) events: VecDeque<AsyncEvent>,
+    cq_notify: VecDeque<u32>,
+    pub(crate) counters: NicCounters,
+    pub(crate) rng: Rng,
+}
+
+impl Resources {
+    /// Resolves an SGE list for local access under `pd`. `write` asks for LOCAL_WRITE.
+    pub(crate) fn resolve(&self, pd: u32, sges: &[Sge], write: bool) -> Option<Vec<Seg>> {
+        let mut out = Vec::with_capacity(sges.len());
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let e = self.mrs.get(&s.lkey.0)?;
+            if e.pd != pd || (write && !e.access.contains(AccessFlags::LOCAL_WRITE)) {
+                return None;
+            }
+            let off = s.addr.checked_sub(e.mem.addr())?;
+            let end = off.checked_add(u64::from(s.length))?;
+            if end > e.mem.len() as u64 {
+                return None;
+            }
+            out.push(Seg { mem: e.mem.clone(), off: off as usize, len: s.length as usize });
+        }
+        Some(out)
+    }
+
+    /// Checks a remote access (`rkey`, `va`, `len`, permission) under `pd`; returns the
+    /// memory and the offset of `va` in it.
+    pub(crate) fn remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Option<(Arc<RegisteredMemory>, usize)> {
+        let e = self.mrs.get(&rkey)?;
+        if e.pd != pd || !e.access.contains(need) {
+            return None;
+        }
+        let off = va.checked_sub(e.mem.addr())?;
+        if off.checked_add(len)? > e.mem.len() as u64 {
+            return None;
+        }
+        Some((e.mem.clone(), off as usize))
+    }
+
+    /// Delivers a completion to CQ `cq`. `solicited` marks completions that satisfy a
+    /// solicited-only notification request.
+    pub(crate) fn complete(&mut self, cq: u32, wc: WorkCompletion, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(&cq) else {
+            return;
+        };
+        if c.entries.len() >= c.capacity {
+            self.counters.cq_overflows += 1;
+            if !c.overflowed {
+                c.overflowed = true;
+                self.events.push_back(AsyncEvent::CqError(cq));
+            }
+            return;
+        }
+        c.entries.push_back(wc);
+        let fire = match c.armed {
+            Some(true) => solicited || wc.status != crate::types::WcStatus::Success,
+            Some(false) => true,
+            None => false,
+        };
+        if fire {
+            c.armed = None;
+            self.cq_notify.push_back(cq);
+        }
+    }
+}
+
+/// The sans-I/O soft NIC. See the module documentation for the calling protocol.
+#[derive(Debug)]
+pub struct Nic {
+    res: Resources,
+    qps: HashMap<u32, Qp>,
+    tx_ready: VecDeque<u32>,
+    next_pd: u32,
+    next_cq: u32,
+}
+
+impl Nic {
+    /// A NIC with no objects.
+    pub fn new(cfg: NicConfig) -> Self {
+        let rng = Rng::new(cfg.seed);
+        Self {
+            res: Resources {
+                cfg,
+                mrs: HashMap::new(),
+                cqs: HashMap::new(),
+                events: VecDeque::new(),
+                cq_notify: VecDeque::new(),
+                counters: NicCounters::default(),
+                rng,
+            },
+            qps: HashMap::new(),
+            tx_ready: VecDeque::new(),
+            next_pd: 1,
+            next_cq: 1,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NicConfig {
+        &self.res.cfg
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> NicCounters {
+        self.res.counters
+    }
+
+    /// GID of port `port` (1-based).
+    pub fn gid(&self, port: u8) -> Option<Gid> {
+        let p = self.res.cfg.ports.get(usize::from(port).checked_sub(1)?)?;
+        Some(Gid::from_ip(p.ip()))
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> u32 {
+        let pd = self.next_pd;
+        self.next_pd = self.next_pd.wrapping_add(1).max(1);
+        pd
+    }
+
+    /// Registers `mem` under `pd`; returns the key (lkey = rkey), unpredictable.
+    pub fn reg_mr(&mut self, pd: u32, mem: Arc<RegisteredMemory>, access: AccessFlags) -> u32 {
+        loop {
+            let key = self.res.rng.next_u32();
+            if key != 0 && !self.res.mrs.contains_key(&key) {
+                self.res.mrs.insert(key, MrEntry { pd, mem, access });
+                return key;
+            }
+        }
+    }
+
+    /// Removes a registration; later accesses with its key fail with protection errors.
+    pub fn dereg_mr(&mut self, key: u32) -> bool {
+        self.res.mrs.remove(&key).is_some()
+    }
+
+    /// Creates a completion queue of `cqe` entries.
+    pub fn create_cq(&mut self, cqe: usize) -> u32 {
+        let id = self.next_cq;
+        self.next_cq = self.next_cq.wrapping_add(1).max(1);
+        self.res.cqs.insert(
+            id,
+            Cq { entries: VecDeque::new(), capacity: cqe.max(1), armed: None, overflowed: false },
+        );
+        id
+    }
+
+    /// Destroys a completion queue.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<(), VerbsError> {
+        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbsError::InvalidArgument(
+                "completion queue is still used by a queue pair".into(),
+            ));
+        }
+        self.res.cqs.remove(&cq);
+        Ok(())
+    }
+
+    /// Pops up to `out.len()` completions from `cq`.
+    pub fn poll_cq(&mut self, cq: u32, out: &mut [WorkCompletion]) -> usize {
+        let Some(c) = self.res.cqs.get_mut(&cq) else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < out.len() {
+            match c.entries.pop_front() {
+                Some(wc) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    /// Completions waiting in `cq`.
+    pub fn cq_len(&self, cq: u32) -> usize {
+        self.res.cqs.get(&cq).map_or(0, |c| c.entries.len())
+    }
+
+    /// Arms `cq` for one notification (`ibv_req_notify_cq`). If matching completions are
+    /// already queued the notification fires at once, so a waiter cannot miss them.
+    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) {
+        if let Some(c) = self.res.cqs.get_mut(&cq) {
+            if !c.entries.is_empty() && !solicited_only {
+                self.res.cq_notify.push_back(cq);
+                c.armed = None;
+            } else {
+                c.armed = Some(solicited_only);
+            }
+        }
+    }
+
+    /// Creates a queue pair.
+    pub fn create_qp(
+        &mut self,
+        pd: u32,
+        qp_type: QpType,
+        send_cq: u32,
+        recv_cq: u32,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Result<Qpn, VerbsError> {
+        if qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported("only RC queue pairs in this version"));
+        }
+        if !self.res.cqs.contains_key(&send_cq) || !self.res.cqs.contains_key(&recv_cq) {
+            return Err(VerbsError::NoSuchObject("completion queue"));
+        }
+        if cap.max_inline_data > self.res.cfg.max_inline_data {
+            return Err(VerbsError::InvalidAttribute {
+                attr: "max_inline_data",
+                reason: format!(
+                    "{} exceeds the device limit {}",
+                    cap.max_inline_data, self.res.cfg.max_inline_data
+                ),
+            });
+        }
+        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 {
+            return Err(VerbsError::InvalidAttribute {
+                attr: "cap",
+                reason: "a QP needs a send or a receive queue".into(),
+            });
+        }
+        if self.qps.len() >= 1 << 20 {
+            return Err(VerbsError::ResourceExhausted("queue pairs"));
+        }
+        let qpn = loop {
+            let n = self.res.rng.next_u32() & 0x00FF_FFFF;
+            if n >= 16 && n != 0x00FF_FFFF && !self.qps.contains_key(&n) {
+                break n;
+            }
+        };
+        let qp = Qp::new(Qpn(qpn), qp_type, pd, send_cq, recv_cq, cap, sq_sig_all);
+        self.qps.insert(qpn, qp);
+        Ok(Qpn(qpn))
+    }
+
+    /// Destroys a queue pair; its outstanding work requests are discarded.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
+        self.qps.remove(&qpn.0).is_some()
+    }
+
+    /// Changes QP attributes (`ibv_modify_qp`), with the verbs state-machine checks.
+    pub fn modify_qp(
+        &mut self,
+        now: u64,
+        qpn: Qpn,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn.0).ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        qp.modify(now, &mut self.res, attr, mask)?;
+        Self::mark_ready(&mut self.tx_ready, qp);
+        Ok(())
+    }
+
+    /// Current QP attributes (`ibv_query_qp`).
+    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
+        self.qps.get(&qpn.0).map(|q| (q.attr, q.cap))
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&mut self, now: u64, qpn: Qpn, wr: &SendWr<'_>) -> Result<(), PostError> {
+        let qp = self.qps.get_mut(&qpn.0).ok_or(PostError::Destroyed)?;
+        qp.post_send(now, &mut self.res, wr)?;
+        Self::mark_ready(&mut self.tx_ready, qp);
+        Ok(())
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let qp = self.qps.get_mut(&qpn.0).ok_or(PostError::Destroyed)?;
+        qp.post_recv(&mut self.res, wr)
+    }
+
+    fn mark_ready(tx_ready: &mut VecDeque<u32>, qp: &mut Qp) {
+        if !qp.in_tx_ready && qp.wants_transmit() {
+            qp.in_tx_ready = true;
+            tx_ready.push_back(qp.qpn.0);
+        }
+    }
+
+    /// Handles one received UDP payload that arrived on local port index `port` from `src`.
+    pub fn handle_datagram(&mut self, now: u64, port: usize, src: SocketAddr, data: &[u8]) {
+        self.res.counters.rx_packets += 1;
+        let Some(local) = self.res.cfg.ports.get(port).copied() else {
+            self.res.counters.rx_bad_addr += 1;
+            return;
+        };
+        if self.res.cfg.verify_icrc {
+            let path = IcrcPath {
+                src,
+                dst: SocketAddr::new(local.ip(), wire::ROCE_UDP_PORT),
+            };
+            if !wire::icrc::verify(&path, data) {
+                self.res.counters.rx_bad_icrc += 1;
+                return;
+            }
+        }
+        let (hdr, payload) = match PacketHeaders::parse(data) {
+            Ok(v) => v,
+            Err(_) => {
+                self.res.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        if hdr.bth.opcode.transport() != Transport::Rc {
+            // UD, UC, XRC and CNPs are not handled by this version of the engine.
+            self.res.counters.rx_no_qp += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&hdr.bth.dest_qp) else {
+            self.res.counters.rx_no_qp += 1;
+            return;
+        };
+        qp.handle_packet(now, &mut self.res, port, src, &hdr, payload);
+        Self::mark_ready(&mut self.tx_ready, qp);
+    }
+
+    /// Handles expired timers (retransmission, RNR wait). Harmless when nothing expired.
+    pub fn handle_timeout(&mut self, now: u64) {
+        for qp in self.qps.values_mut() {
+            if qp.next_timeout().is_some_and(|t| t <= now) {
+                qp.handle_timeout(now, &mut self.res);
+                Self::mark_ready(&mut self.tx_ready, qp);
+            }
+        }
+    }
+
+    /// The earliest time `handle_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.qps.values().filter_map(Qp::next_timeout).min()
+    }
+
+    /// Writes the next packet to send into `buf` (which must hold a whole packet: path MTU +
+    /// 128 bytes is enough). Returns `None` when nothing is ready.
+    pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(qpn) = self.tx_ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            match qp.poll_transmit(now, &mut self.res, buf) {
+                Some(t) => {
+                    self.res.counters.tx_packets += 1;
+                    self.res.counters.tx_bytes += t.len as u64;
+                    self.tx_ready.push_back(qpn);
+                    return Some(t);
+                }
+                None => qp.in_tx_ready = false,
+            }
+        }
+        None
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.res.events.pop_front()
+    }
+
+    /// The next completion queue whose notification fired.
+    pub fn poll_cq_notify(&mut self) -> Option<u32> {
+        self.res.cq_notify.pop_front()
+    }
+}

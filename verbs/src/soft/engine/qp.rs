@@ -1,0 +1,572 @@
+//! One queue pair: attributes, state machine, queues, and the dispatch between its requester
+//! (`requester.rs`), responder (`responder.rs`) and completer halves.
+
+use std::net::SocketAddr;
+
+use super::{AsyncEvent, Payload, Resources, Transmit, state};
+use crate::error::{PostError, VerbsError};
+use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, finish_packet};
+use crate::types::{
+    AccessFlags, MigState, Mtu, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn,
+    SendFlags, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::wr::{RecvWr, SendWr, Sge, WrOpcode};
+
+/// Largest message (2 GiB), as `max_msg_sz` reports.
+pub(crate) const MAX_MSG_SIZE: u64 = 1 << 31;
+
+/// What a send WQE does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeKind {
+    Send,
+    Write,
+    Read,
+    CmpSwap,
+    FetchAdd,
+}
+
+impl WqeKind {
+    pub(crate) fn is_rd_atomic(self) -> bool {
+        matches!(self, Self::Read | Self::CmpSwap | Self::FetchAdd)
+    }
+
+    fn wc_opcode(self) -> WcOpcode {
+        match self {
+            Self::Send => WcOpcode::Send,
+            Self::Write => WcOpcode::RdmaWrite,
+            Self::Read => WcOpcode::RdmaRead,
+            Self::CmpSwap => WcOpcode::CompSwap,
+            Self::FetchAdd => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// A posted send work request.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) kind: WqeKind,
+    pub(crate) imm: Option<u32>,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) compare: u64,
+    pub(crate) swap_add: u64,
+    pub(crate) flags: SendFlags,
+    pub(crate) len: usize,
+    /// Local data source (send/write) or destination (read/atomic result).
+    pub(crate) payload: Payload,
+    /// Set when local validation failed at post time; reported when the WQE starts.
+    pub(crate) local_err: Option<WcStatus>,
+    pub(crate) started: bool,
+    pub(crate) first_psn: Psn,
+    /// PSNs this WQE consumes.
+    pub(crate) npsn: u32,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npsn.saturating_sub(1))
+    }
+}
+
+/// A posted receive work request.
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+}
+
+/// The network path of a connected QP.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Path {
+    /// Local port index (0-based).
+    pub(crate) port: usize,
+    pub(crate) local: SocketAddr,
+    pub(crate) remote: SocketAddr,
+}
+
+/// Queue pair state.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) attr: QpAttr,
+    pub(crate) path: Option<Path>,
+    pub(crate) in_tx_ready: bool,
+    pub(crate) req: super::requester::Requester,
+    pub(crate) resp: super::responder::Responder,
+}
+
+impl Qp {
+    pub(crate) fn new(
+        qpn: Qpn,
+        qp_type: QpType,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Self {
+        let attr = QpAttr { cap, ..QpAttr::default() };
+        Self {
+            qpn,
+            qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            cap,
+            sq_sig_all,
+            attr,
+            path: None,
+            in_tx_ready: false,
+            req: Default::default(),
+            resp: Default::default(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    pub(crate) fn mtu(&self) -> usize {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// `ibv_modify_qp`.
+    pub(crate) fn modify(
+        &mut self,
+        now: u64,
+        res: &mut Resources,
+        a: &QpAttr,
+        mask: M,
+    ) -> Result<(), VerbsError> {
+        let from = self.state();
+        let to = if mask.contains(M::STATE) { a.qp_state } else { from };
+        state::check(self.qp_type, from, to, mask)?;
+        if mask.contains(M::CUR_STATE) && a.cur_qp_state != from {
+            return Err(VerbsError::InvalidAttribute {
+                attr: "CUR_STATE",
+                reason: format!("QP is in {from}, not {}", a.cur_qp_state),
+            });
+        }
+        self.validate_values(res, a, mask)?;
+        if mask.contains(M::PATH_MIG_STATE) && a.path_mig_state == MigState::Armed {
+            return Err(VerbsError::InvalidAttribute {
+                attr: "PATH_MIG_STATE",
+                reason: "software cannot set ARMED".into(),
+            });
+        }
+        // Apply the attributes named in the mask.
+        let mut n = self.attr;
+        macro_rules! take {
+            ($bit:expr, $($f:ident),+) => {
+                if mask.contains($bit) {
+                    $(n.$f = a.$f;)+
+                }
+            };
+        }
+        take!(M::ACCESS_FLAGS, qp_access_flags);
+        take!(M::PKEY_INDEX, pkey_index);
+        take!(M::PORT, port_num);
+        take!(M::QKEY, qkey);
+        take!(M::AV, ah_attr);
+        take!(M::PATH_MTU, path_mtu);
+        take!(M::TIMEOUT, timeout);
+        take!(M::RETRY_CNT, retry_cnt);
+        take!(M::RNR_RETRY, rnr_retry);
+        take!(M::RQ_PSN, rq_psn);
+        take!(M::MAX_QP_RD_ATOMIC, max_rd_atomic);
+        take!(M::ALT_PATH, alt_ah_attr, alt_pkey_index, alt_port_num, alt_timeout);
+        take!(M::MIN_RNR_TIMER, min_rnr_timer);
+        take!(M::SQ_PSN, sq_psn);
+        take!(M::MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        take!(M::PATH_MIG_STATE, path_mig_state);
+        take!(M::DEST_QPN, dest_qp_num);
+        take!(M::EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
+        n.qp_state = to;
+        n.cur_qp_state = to;
+        self.attr = n;
+
+        match (from, to) {
+            (_, QpState::Reset) => self.reset(),
+            (_, QpState::Err) if from != QpState::Err => self.enter_error(res),
+            (QpState::Init, QpState::Rtr) => {
+                let port = usize::from(self.attr.port_num).saturating_sub(1);
+                let local = res.cfg.ports.get(port).copied().ok_or(
+                    VerbsError::InvalidAttribute {
+                        attr: "PORT",
+                        reason: "no such port".into(),
+                    },
+                )?;
+                let av = self.attr.ah_attr;
+                self.path = Some(Path {
+                    port,
+                    local,
+                    remote: SocketAddr::new(av.dgid.to_ip(), av.udp_port),
+                });
+                self.resp.reset(Psn::new(self.attr.rq_psn));
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                self.req.reset(Psn::new(self.attr.sq_psn), &self.attr);
+            }
+            (QpState::Rts, QpState::Sqd) => {
+                self.attr.sq_draining = true;
+                self.req.check_drained(self.qpn, &self.attr, res);
+            }
+            (QpState::Sqd, QpState::Rts) => {
+                self.attr.sq_draining = false;
+                self.req.reload_limits(&self.attr);
+            }
+            _ => {}
+        }
+        let _ = now;
+        Ok(())
+    }
+
+    fn validate_values(&self, res: &Resources, a: &QpAttr, mask: M) -> Result<(), VerbsError> {
+        let bad = |attr: &'static str, reason: String| {
+            Err(VerbsError::InvalidAttribute { attr, reason })
+        };
+        if mask.contains(M::PORT)
+            && (a.port_num == 0 || usize::from(a.port_num) > res.cfg.ports.len())
+        {
+            return bad("PORT", format!("port {} does not exist", a.port_num));
+        }
+        if mask.contains(M::PKEY_INDEX) && a.pkey_index != 0 {
+            return bad("PKEY_INDEX", "the P_Key table has one entry (index 0)".into());
+        }
+        if mask.contains(M::ACCESS_FLAGS) && a.qp_access_flags.bits() & !0xF != 0 {
+            return bad("ACCESS_FLAGS", format!("unknown bits {:#x}", a.qp_access_flags.bits()));
+        }
+        if mask.contains(M::TIMEOUT) && a.timeout > 31 {
+            return bad("TIMEOUT", format!("{} > 31", a.timeout));
+        }
+        if mask.contains(M::RETRY_CNT) && a.retry_cnt > 7 {
+            return bad("RETRY_CNT", format!("{} > 7", a.retry_cnt));
+        }
+        if mask.contains(M::RNR_RETRY) && a.rnr_retry > 7 {
+            return bad("RNR_RETRY", format!("{} > 7", a.rnr_retry));
+        }
+        if mask.contains(M::MIN_RNR_TIMER) && a.min_rnr_timer > 31 {
+            return bad("MIN_RNR_TIMER", format!("{} > 31", a.min_rnr_timer));
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) && a.max_rd_atomic > 16 {
+            return bad("MAX_QP_RD_ATOMIC", format!("{} > 16", a.max_rd_atomic));
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > 16 {
+            return bad("MAX_DEST_RD_ATOMIC", format!("{} > 16", a.max_dest_rd_atomic));
+        }
+        if mask.contains(M::DEST_QPN) && a.dest_qp_num > 0x00FF_FFFF {
+            return bad("DEST_QPN", format!("{:#x} is not a 24-bit QPN", a.dest_qp_num));
+        }
+        if mask.contains(M::PATH_MTU) && a.path_mtu > Mtu::Mtu4096 {
+            return bad("PATH_MTU", "larger than the port's active MTU".into());
+        }
+        if mask.contains(M::AV) && a.ah_attr.dgid.is_multicast() {
+            return bad("AV", "a connected QP cannot have a multicast destination".into());
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.req = Default::default();
+        self.resp = Default::default();
+        self.path = None;
+        let cap = self.cap;
+        self.attr = QpAttr { cap, ..QpAttr::default() };
+    }
+
+    /// Moves the QP to ERR and flushes every outstanding work request.
+    pub(crate) fn enter_error(&mut self, res: &mut Resources) {
+        self.attr.qp_state = QpState::Err;
+        self.attr.cur_qp_state = QpState::Err;
+        self.req.timers_off();
+        while let Some(w) = self.req.sq.pop_front() {
+            let wc = self.send_wc(&w, WcStatus::WrFlushErr);
+            res.complete(self.send_cq, wc, false);
+        }
+        self.req.cursor = 0;
+        while let Some(r) = self.resp.rq.pop_front() {
+            let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None);
+            res.complete(self.recv_cq, wc, false);
+        }
+        self.resp.out.clear();
+    }
+
+    /// An error moved the QP to ERR (a completion with `status` was already delivered).
+    pub(crate) fn fatal(&mut self, res: &mut Resources) {
+        if self.state() != QpState::Err {
+            res.events.push_back(AsyncEvent::QpFatal(self.qpn));
+            self.enter_error(res);
+        }
+    }
+
+    pub(crate) fn send_wc(&self, w: &SendWqe, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.kind.wc_opcode(),
+            byte_len: if w.kind == WqeKind::Read { w.len as u32 } else { 0 },
+            qp_num: self.qpn,
+            ..WorkCompletion::EMPTY
+        }
+    }
+
+    pub(crate) fn recv_wc(
+        &self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data: imm.unwrap_or(0),
+            qp_num: self.qpn,
+            wc_flags: if imm.is_some() { WcFlags::WITH_IMM } else { WcFlags::EMPTY },
+            ..WorkCompletion::EMPTY
+        }
+    }
+
+    /// `ibv_post_send`.
+    pub(crate) fn post_send(
+        &mut self,
+        now: u64,
+        res: &mut Resources,
+        wr: &SendWr<'_>,
+    ) -> Result<(), PostError> {
+        let st = self.state();
+        if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::InvalidState { what: "send", state: st });
+        }
+        if self.req.sq.len() >= self.cap.max_send_wr as usize {
+            return Err(PostError::QueueFull { what: "send", depth: self.cap.max_send_wr });
+        }
+        if wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(PostError::TooManySge {
+                count: wr.sg_list.len(),
+                max: self.cap.max_send_sge,
+            });
+        }
+        let len = wr.total_len();
+        if len > MAX_MSG_SIZE {
+            return Err(PostError::MessageTooLong { len, max: MAX_MSG_SIZE });
+        }
+        let (kind, imm, remote_addr, rkey, compare, swap_add) = match wr.opcode {
+            WrOpcode::Send => (WqeKind::Send, None, 0, 0, 0, 0),
+            WrOpcode::SendWithImm { imm } => (WqeKind::Send, Some(imm), 0, 0, 0, 0),
+            WrOpcode::RdmaWrite { remote_addr, rkey } => {
+                (WqeKind::Write, None, remote_addr, rkey.0, 0, 0)
+            }
+            WrOpcode::RdmaWriteWithImm { remote_addr, rkey, imm } => {
+                (WqeKind::Write, Some(imm), remote_addr, rkey.0, 0, 0)
+            }
+            WrOpcode::RdmaRead { remote_addr, rkey } => {
+                (WqeKind::Read, None, remote_addr, rkey.0, 0, 0)
+            }
+            WrOpcode::AtomicCmpSwap { remote_addr, rkey, compare, swap } => {
+                (WqeKind::CmpSwap, None, remote_addr, rkey.0, compare, swap)
+            }
+            WrOpcode::AtomicFetchAdd { remote_addr, rkey, add } => {
+                (WqeKind::FetchAdd, None, remote_addr, rkey.0, 0, add)
+            }
+        };
+        let inline = wr.send_flags.contains(SendFlags::INLINE) || wr.inline_data.is_some();
+        if inline {
+            if !matches!(kind, WqeKind::Send | WqeKind::Write) {
+                return Err(PostError::InvalidWorkRequest(
+                    "inline is only valid for sends and RDMA writes",
+                ));
+            }
+            if len > u64::from(self.cap.max_inline_data) {
+                return Err(PostError::InlineTooLong {
+                    len: len as usize,
+                    max: self.cap.max_inline_data,
+                });
+            }
+        }
+        if matches!(kind, WqeKind::CmpSwap | WqeKind::FetchAdd) && len != 8 {
+            return Err(PostError::InvalidWorkRequest(
+                "an atomic needs one 8-byte local buffer for the original value",
+            ));
+        }
+        let mut local_err = None;
+        let payload = if let Some(d) = wr.inline_data {
+            Payload::Inline(d.to_vec())
+        } else {
+            let write = kind.is_rd_atomic();
+            match res.resolve(self.pd, wr.sg_list, write) {
+                Some(segs) if inline => {
+                    let mut v = vec![0u8; len as usize];
+                    Payload::Segs(segs).gather(0, &mut v);
+                    Payload::Inline(v)
+                }
+                Some(segs) => Payload::Segs(segs),
+                None => {
+                    local_err = Some(WcStatus::LocProtErr);
+                    Payload::Inline(Vec::new())
+                }
+            }
+        };
+        let w = SendWqe {
+            wr_id: wr.wr_id,
+            kind,
+            imm,
+            remote_addr,
+            rkey,
+            compare,
+            swap_add,
+            flags: wr.send_flags,
+            len: len as usize,
+            payload,
+            local_err,
+            started: false,
+            first_psn: Psn::new(0),
+            npsn: 0,
+        };
+        if st == QpState::Err {
+            let wc = self.send_wc(&w, WcStatus::WrFlushErr);
+            res.complete(self.send_cq, wc, false);
+            return Ok(());
+        }
+        self.req.sq.push_back(w);
+        let _ = now;
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub(crate) fn post_recv(&mut self, res: &mut Resources, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let st = self.state();
+        if st == QpState::Reset {
+            return Err(PostError::InvalidState { what: "receive", state: st });
+        }
+        if self.resp.rq.len() >= self.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull { what: "receive", depth: self.cap.max_recv_wr });
+        }
+        if wr.sg_list.len() > self.cap.max_recv_sge as usize {
+            return Err(PostError::TooManySge {
+                count: wr.sg_list.len(),
+                max: self.cap.max_recv_sge,
+            });
+        }
+        if st == QpState::Err {
+            let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None);
+            res.complete(self.recv_cq, wc, false);
+            return Ok(());
+        }
+        self.resp.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list.to_vec() });
+        Ok(())
+    }
+
+    /// True when `poll_transmit` may have something.
+    pub(crate) fn wants_transmit(&self) -> bool {
+        !self.resp.out.is_empty() || self.req.has_work()
+    }
+
+    /// Routes a received packet to the requester (responses) or the responder (requests).
+    pub(crate) fn handle_packet(
+        &mut self,
+        now: u64,
+        res: &mut Resources,
+        port: usize,
+        src: SocketAddr,
+        hdr: &PacketHeaders,
+        payload: &[u8],
+    ) {
+        if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            res.counters.rx_no_qp += 1;
+            return;
+        }
+        let Some(path) = self.path else {
+            res.counters.rx_no_qp += 1;
+            return;
+        };
+        if path.port != port || path.remote.ip() != src.ip() || !pkey_match(hdr.bth.pkey) {
+            res.counters.rx_bad_addr += 1;
+            return;
+        }
+        if is_response(hdr.bth.opcode.operation()) {
+            if matches!(self.state(), QpState::Rts | QpState::Sqd) {
+                self.handle_response(now, res, hdr, payload);
+            } else {
+                res.counters.rx_dropped_seq += 1;
+            }
+        } else {
+            if self.state() == QpState::Rtr && !self.resp.comm_est {
+                self.resp.comm_est = true;
+                res.events.push_back(AsyncEvent::CommEstablished(self.qpn));
+            }
+            self.handle_request(now, res, hdr, payload);
+        }
+    }
+
+    /// Earliest timer deadline.
+    pub(crate) fn next_timeout(&self) -> Option<u64> {
+        self.req.next_timeout()
+    }
+
+    /// Writes the next packet of this QP: responses first (they unblock the peer), then
+    /// requests.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: u64,
+        res: &mut Resources,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if let Some(t) = self.poll_response(res, buf) {
+            return Some(t);
+        }
+        self.poll_request(now, res, buf)
+    }
+
+    /// Builds a packet: headers, then `payload_len` bytes produced by `fill`, then pad and
+    /// ICRC. Returns the transmit descriptor.
+    pub(crate) fn build(
+        &self,
+        hdr: &PacketHeaders,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Option<Transmit> {
+        let path = self.path?;
+        let hl = hdr.emit(buf).ok()?;
+        let body = buf.get_mut(hl..hl + payload_len)?;
+        fill(body);
+        let icrc = IcrcPath {
+            src: path.local,
+            dst: SocketAddr::new(path.remote.ip(), ROCE_UDP_PORT),
+        };
+        let len = finish_packet(buf, hl + payload_len, &icrc).ok()?;
+        Some(Transmit { port: path.port, dst: path.remote, len })
+    }
+
+    /// MigReq bit for outgoing packets (1 while MIGRATED, spec §8).
+    pub(crate) fn mig_req(&self) -> bool {
+        self.attr.path_mig_state == MigState::Migrated
+    }
+
+    /// Remote access permission the responder grants.
+    pub(crate) fn allows(&self, f: AccessFlags) -> bool {
+        self.attr.qp_access_flags.contains(f)
+    }
+}
+
+/// P_Key match rule (spec §2.1) against our only P_Key, 0xFFFF.
+fn pkey_match(pkey: u16) -> bool {
+    const OURS: u16 = 0xFFFF;
+    (pkey & 0x7FFF) == (OURS & 0x7FFF) && (pkey & 0x7FFF) != 0 && (pkey | OURS) & 0x8000 != 0
+}
+
+/// Response opcodes (READ responses, ACK, atomic ACK).
+fn is_response(op: u8) -> bool {
+    (0x0D..=0x12).contains(&op)
+}

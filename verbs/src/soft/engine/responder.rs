@@ -1,0 +1,547 @@
+//! The responder of an RC QP (spec §5.3): PSN checks with one NAK per gap, opcode sequence
+//! checks, receive WQE consumption and RNR NAKs, R_Key / bounds / permission checks, RDMA
+//! WRITE placement, READ responses and atomics with a responder-resources cache for
+//! duplicates, and coalesced ACKs.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::qp::{Qp, RecvWqe};
+use super::{AsyncEvent, Resources, Seg, Transmit, scatter};
+use crate::mem::RegisteredMemory;
+use crate::soft::wire::{AethKind, AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode};
+use crate::soft::wire::{PacketHeaders, RethRepr};
+use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
+
+/// A message being received.
+#[derive(Debug)]
+enum Inbound {
+    Send { wr_id: u64, segs: Vec<Seg>, cap: usize, got: usize },
+    Write { mem: Option<Arc<RegisteredMemory>>, off: usize, remaining: usize, total: u32 },
+}
+
+/// A responder resource: what a READ or atomic did, for duplicate handling.
+#[derive(Debug, Clone, Copy)]
+enum RdAtomic {
+    Read { first: Psn, last: Psn, va: u64, rkey: u32, len: u64 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+/// READ responses still to send.
+#[derive(Debug)]
+pub(crate) struct ReadJob {
+    first: Psn,
+    mem: Option<Arc<RegisteredMemory>>,
+    off: usize,
+    len: usize,
+    pos: u32,
+    total: u32,
+}
+
+/// A queued response packet.
+#[derive(Debug)]
+pub(crate) enum RespOut {
+    Ack { psn: Psn, aeth: AethRepr },
+    AtomicAck { psn: Psn, orig: u64 },
+    Read(ReadJob),
+}
+
+/// Responder state of one QP.
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    pub(crate) rq: VecDeque<RecvWqe>,
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    pub(crate) comm_est: bool,
+    cur: Option<Inbound>,
+    resources: VecDeque<RdAtomic>,
+    pub(crate) out: VecDeque<RespOut>,
+}
+
+impl Responder {
+    pub(crate) fn reset(&mut self, epsn: Psn) {
+        self.epsn = epsn;
+        self.msn = 0;
+        self.nak_sent = false;
+        self.cur = None;
+        self.resources.clear();
+        self.out.clear();
+    }
+
+    fn push_ack(&mut self, psn: Psn) {
+        let aeth = AethRepr::ack(self.msn);
+        if let Some(RespOut::Ack { psn: p, aeth: a }) = self.out.back_mut() {
+            if matches!(a.kind(), AethKind::Ack { .. }) && !psn.before(*p) {
+                *p = psn;
+                *a = aeth;
+                return;
+            }
+        }
+        self.out.push_back(RespOut::Ack { psn, aeth });
+    }
+
+    fn push_nak(&mut self, psn: Psn, code: NakCode) {
+        self.out.push_back(RespOut::Ack { psn, aeth: AethRepr::nak(code, self.msn) });
+    }
+
+    fn remember(&mut self, r: RdAtomic, max: u8) {
+        while self.resources.len() >= usize::from(max.max(1)) {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+
+    fn reads_in_flight(&self) -> usize {
+        self.out.iter().filter(|o| matches!(o, RespOut::Read(_))).count()
+    }
+}
+
+/// Kinds of protocol violation a responder answers with a NAK and an error state.
+#[derive(Debug, Clone, Copy)]
+enum Violation {
+    InvalidRequest,
+    RemoteAccess,
+    RemoteOperational,
+}
+
+impl Qp {
+    /// Class C / A errors: NAK the request, move to ERR, raise the async event.
+    fn responder_error(&mut self, res: &mut Resources, psn: Psn, v: Violation) {
+        let (code, ev) = match v {
+            Violation::InvalidRequest => {
+                (NakCode::InvalidRequest, AsyncEvent::QpRequestError(self.qpn))
+            }
+            Violation::RemoteAccess => (NakCode::RemoteAccess, AsyncEvent::QpAccessError(self.qpn)),
+            Violation::RemoteOperational => {
+                (NakCode::RemoteOperational, AsyncEvent::QpFatal(self.qpn))
+            }
+        };
+        if let Some(Inbound::Send { wr_id, .. }) = self.resp.cur.take() {
+            let wc = self.recv_wc(wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None);
+            res.complete(self.recv_cq, wc, false);
+        }
+        res.events.push_back(ev);
+        self.enter_error(res);
+        self.resp.push_nak(psn, code);
+    }
+
+    /// Handles a request packet (SEND, WRITE, READ request, atomic).
+    pub(crate) fn handle_request(
+        &mut self,
+        _now: u64,
+        res: &mut Resources,
+        hdr: &PacketHeaders,
+        payload: &[u8],
+    ) {
+        let psn = Psn::new(hdr.bth.psn);
+        let d = psn.diff(self.resp.epsn);
+        if d > 0 {
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                res.counters.seq_naks_sent += 1;
+                let e = self.resp.epsn;
+                self.resp.push_nak(e, NakCode::PsnSequence);
+            } else {
+                res.counters.rx_dropped_seq += 1;
+            }
+            return;
+        }
+        if d < 0 {
+            self.handle_duplicate(res, psn, hdr);
+            return;
+        }
+        self.resp.nak_sent = false;
+        let op = hdr.bth.opcode.operation();
+        let mtu = self.mtu();
+        match op {
+            0x00..=0x05 | 0x16 | 0x17 => self.recv_send(res, psn, hdr, payload, mtu),
+            0x06..=0x0B => self.recv_write(res, psn, hdr, payload, mtu),
+            0x0C => self.recv_read(res, psn, hdr, mtu),
+            0x13 | 0x14 => self.recv_atomic(res, psn, hdr),
+            _ => self.responder_error(res, psn, Violation::InvalidRequest),
+        }
+    }
+
+    fn recv_send(
+        &mut self,
+        res: &mut Resources,
+        psn: Psn,
+        hdr: &PacketHeaders,
+        payload: &[u8],
+        mtu: usize,
+    ) {
+        let op = hdr.bth.opcode.operation();
+        let first = matches!(op, 0x00 | 0x04 | 0x05 | 0x17);
+        let last = !matches!(op, 0x00 | 0x01);
+        // Opcode sequence (class C).
+        let open = matches!(self.resp.cur, Some(Inbound::Send { .. }));
+        if first == open || (!first && !open) || matches!(self.resp.cur, Some(Inbound::Write { .. }))
+        {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        // Payload length rules (spec §3.3).
+        let len_ok = match (first, last) {
+            (true, true) => payload.len() <= mtu,
+            (_, false) => payload.len() == mtu,
+            (false, true) => !payload.is_empty() && payload.len() <= mtu,
+        };
+        if !len_ok {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        if first {
+            let Some(wqe) = self.resp.rq.front() else {
+                res.counters.rnr_naks_sent += 1;
+                let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
+                self.resp.out.push_back(RespOut::Ack { psn, aeth });
+                return;
+            };
+            let Some(segs) = res.resolve(self.pd, &wqe.sges, true) else {
+                let wr_id = wqe.wr_id;
+                self.resp.rq.pop_front();
+                let wc = self.recv_wc(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None);
+                res.complete(self.recv_cq, wc, false);
+                self.responder_error(res, psn, Violation::RemoteOperational);
+                return;
+            };
+            let cap = segs.iter().map(|s| s.len).sum();
+            let wr_id = wqe.wr_id;
+            self.resp.rq.pop_front();
+            self.resp.cur = Some(Inbound::Send { wr_id, segs, cap, got: 0 });
+        }
+        let Some(Inbound::Send { wr_id, segs, cap, got }) = &mut self.resp.cur else {
+            return;
+        };
+        if *got + payload.len() > *cap {
+            let wr_id = *wr_id;
+            self.resp.cur = None;
+            let wc = self.recv_wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None);
+            res.complete(self.recv_cq, wc, false);
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        scatter(segs, *got, payload);
+        *got += payload.len();
+        if last {
+            let (wr_id, got) = (*wr_id, *got);
+            self.resp.cur = None;
+            self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
+            let wc = self.recv_wc(wr_id, WcStatus::Success, WcOpcode::Recv, got as u32, hdr.immdt);
+            res.complete(self.recv_cq, wc, hdr.bth.solicited);
+        }
+        self.resp.epsn = psn.add(1);
+        if hdr.bth.ack_req {
+            self.resp.push_ack(psn);
+        }
+    }
+
+    fn recv_write(
+        &mut self,
+        res: &mut Resources,
+        psn: Psn,
+        hdr: &PacketHeaders,
+        payload: &[u8],
+        mtu: usize,
+    ) {
+        let op = hdr.bth.opcode.operation();
+        let first = matches!(op, 0x06 | 0x0A | 0x0B);
+        let last = !matches!(op, 0x06 | 0x07);
+        let with_imm = matches!(op, 0x09 | 0x0B);
+        let open = matches!(self.resp.cur, Some(Inbound::Write { .. }));
+        if first == open || matches!(self.resp.cur, Some(Inbound::Send { .. })) {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        if !self.allows(AccessFlags::REMOTE_WRITE) {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        let len_ok = match (first, last) {
+            (true, true) => payload.len() <= mtu,
+            (_, false) => payload.len() == mtu,
+            (false, true) => !payload.is_empty() && payload.len() <= mtu,
+        };
+        if !len_ok {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        // A write with immediate consumes a receive WQE: check before touching memory.
+        if with_imm && self.resp.rq.is_empty() {
+            res.counters.rnr_naks_sent += 1;
+            let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
+            self.resp.out.push_back(RespOut::Ack { psn, aeth });
+            return;
+        }
+        if first {
+            let Some(RethRepr { va, rkey, dma_len }) = hdr.reth else {
+                self.responder_error(res, psn, Violation::InvalidRequest);
+                return;
+            };
+            let (mem, off) = if dma_len == 0 {
+                (None, 0)
+            } else {
+                match res.remote(self.pd, rkey, va, u64::from(dma_len), AccessFlags::REMOTE_WRITE)
+                {
+                    Some((m, o)) => (Some(m), o),
+                    None => {
+                        self.responder_error(res, psn, Violation::RemoteAccess);
+                        return;
+                    }
+                }
+            };
+            self.resp.cur =
+                Some(Inbound::Write { mem, off, remaining: dma_len as usize, total: dma_len });
+        }
+        let Some(Inbound::Write { mem, off, remaining, total }) = &mut self.resp.cur else {
+            return;
+        };
+        if payload.len() > *remaining || (last && payload.len() != *remaining) {
+            self.resp.cur = None;
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        if let Some(m) = mem {
+            m.write(*off, payload);
+        }
+        *off += payload.len();
+        *remaining -= payload.len();
+        if last {
+            let total = *total;
+            self.resp.cur = None;
+            self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
+            if with_imm {
+                if let Some(wqe) = self.resp.rq.pop_front() {
+                    let wc = self.recv_wc(
+                        wqe.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        total,
+                        hdr.immdt,
+                    );
+                    res.complete(self.recv_cq, wc, hdr.bth.solicited);
+                }
+            }
+        }
+        self.resp.epsn = psn.add(1);
+        if hdr.bth.ack_req {
+            self.resp.push_ack(psn);
+        }
+    }
+
+    fn recv_read(&mut self, res: &mut Resources, psn: Psn, hdr: &PacketHeaders, mtu: usize) {
+        if self.resp.cur.is_some()
+            || !self.allows(AccessFlags::REMOTE_READ)
+            || self.attr.max_dest_rd_atomic == 0
+            || self.resp.reads_in_flight() >= usize::from(self.attr.max_dest_rd_atomic)
+        {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        let Some(RethRepr { va, rkey, dma_len }) = hdr.reth else {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        };
+        let len = dma_len as usize;
+        let (mem, off) = if len == 0 {
+            (None, 0)
+        } else {
+            match res.remote(self.pd, rkey, va, len as u64, AccessFlags::REMOTE_READ) {
+                Some((m, o)) => (Some(m), o),
+                None => {
+                    self.responder_error(res, psn, Violation::RemoteAccess);
+                    return;
+                }
+            }
+        };
+        let total = len.div_ceil(mtu).max(1) as u32;
+        let last = psn.add(total - 1);
+        self.resp.remember(
+            RdAtomic::Read { first: psn, last, va, rkey, len: len as u64 },
+            self.attr.max_dest_rd_atomic,
+        );
+        self.resp.out.push_back(RespOut::Read(ReadJob { first: psn, mem, off, len, pos: 0, total }));
+        self.resp.epsn = psn.add(total);
+        self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
+    }
+
+    fn recv_atomic(&mut self, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
+        let Some(a) = hdr.atomic_eth else {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        };
+        if self.resp.cur.is_some()
+            || !self.allows(AccessFlags::REMOTE_ATOMIC)
+            || self.attr.max_dest_rd_atomic == 0
+            || a.va % 8 != 0
+        {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        }
+        let Some((mem, off)) = res.remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        else {
+            self.responder_error(res, psn, Violation::RemoteAccess);
+            return;
+        };
+        let Some(word) = mem.atomic_u64(off) else {
+            self.responder_error(res, psn, Violation::InvalidRequest);
+            return;
+        };
+        let orig = if hdr.bth.opcode == Opcode::RC_COMPARE_SWAP {
+            match word.compare_exchange(a.compare, a.swap_add, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(v) | Err(v) => v,
+            }
+        } else {
+            word.fetch_add(a.swap_add, Ordering::SeqCst)
+        };
+        self.resp.remember(RdAtomic::Atomic { psn, orig }, self.attr.max_dest_rd_atomic);
+        self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
+        self.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+        self.resp.epsn = psn.add(1);
+    }
+
+    /// A request behind `epsn`: re-ACK, re-execute a READ, or replay an atomic result.
+    fn handle_duplicate(&mut self, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
+        res.counters.rx_duplicates += 1;
+        let op = hdr.bth.opcode.operation();
+        match op {
+            0x0C => {
+                let Some(reth) = hdr.reth else {
+                    res.counters.rx_malformed += 1;
+                    return;
+                };
+                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                    RdAtomic::Read { first, last, va, rkey, len }
+                        if !psn.before(first) && !psn.after(last) =>
+                    {
+                        Some((first, va, rkey, len))
+                    }
+                    _ => None,
+                });
+                let Some((first, va, rkey, len)) = found else {
+                    res.counters.rx_dropped_seq += 1;
+                    return;
+                };
+                let inside = reth.rkey == rkey
+                    && reth.va >= va
+                    && reth.va.saturating_add(u64::from(reth.dma_len)) <= va.saturating_add(len);
+                if !inside {
+                    res.counters.rx_dropped_seq += 1;
+                    return;
+                }
+                let mtu = self.mtu();
+                let (mem, off) = if len == 0 {
+                    (None, 0)
+                } else {
+                    match res.remote(self.pd, rkey, va, len, AccessFlags::REMOTE_READ) {
+                        Some((m, o)) => (Some(m), o),
+                        None => {
+                            res.counters.rx_dropped_seq += 1;
+                            return;
+                        }
+                    }
+                };
+                let total = (len as usize).div_ceil(mtu).max(1) as u32;
+                let pos = psn.diff(first).max(0) as u32;
+                // Replace a stale job for the same READ rather than stream it twice.
+                self.resp.out.retain(|o| !matches!(o, RespOut::Read(j) if j.first == first));
+                self.resp.out.push_back(RespOut::Read(ReadJob {
+                    first,
+                    mem,
+                    off,
+                    len: len as usize,
+                    pos,
+                    total,
+                }));
+            }
+            0x13 | 0x14 => {
+                let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                    RdAtomic::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                match found {
+                    Some(orig) => self.resp.out.push_back(RespOut::AtomicAck { psn, orig }),
+                    None => res.counters.rx_dropped_seq += 1,
+                }
+            }
+            _ => {
+                let e = self.resp.epsn.sub(1);
+                self.resp.push_ack(e);
+            }
+        }
+    }
+
+    /// Builds the next response packet (ACK/NAK, atomic ACK, READ response).
+    pub(crate) fn poll_response(&mut self, res: &mut Resources, buf: &mut [u8]) -> Option<Transmit> {
+        let item = self.resp.out.pop_front()?;
+        let bth = |opcode: Opcode, psn: Psn| BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: self.mig_req(),
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qp: self.attr.dest_qp_num,
+            ack_req: false,
+            psn: psn.value(),
+        };
+        let mut hdr = PacketHeaders {
+            bth: bth(Opcode::RC_ACKNOWLEDGE, Psn::new(0)),
+            deth: None,
+            xrceth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack_eth: None,
+            immdt: None,
+            ieth: None,
+        };
+        match item {
+            RespOut::Ack { psn, aeth } => {
+                res.counters.acks_sent += 1;
+                hdr.bth = bth(Opcode::RC_ACKNOWLEDGE, psn);
+                hdr.aeth = Some(aeth);
+                self.build(&hdr, 0, buf, |_| {})
+            }
+            RespOut::AtomicAck { psn, orig } => {
+                hdr.bth = bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn);
+                hdr.aeth = Some(AethRepr::ack(self.resp.msn));
+                hdr.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                self.build(&hdr, 0, buf, |_| {})
+            }
+            RespOut::Read(mut job) => {
+                let mtu = self.mtu();
+                let psn = job.first.add(job.pos);
+                let boff = job.pos as usize * mtu;
+                let n = mtu.min(job.len.saturating_sub(boff));
+                let last = job.pos + 1 >= job.total;
+                let opcode = match (job.pos == 0, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                };
+                hdr.bth = bth(opcode, psn);
+                if job.pos == 0 || last {
+                    hdr.aeth = Some(AethRepr::ack(self.resp.msn));
+                }
+                let mem = job.mem.clone();
+                let off = job.off + boff;
+                let t = self.build(&hdr, n, buf, |b| {
+                    if let Some(m) = &mem {
+                        m.read(off, b);
+                    }
+                });
+                if !last {
+                    job.pos += 1;
+                    self.resp.out.push_front(RespOut::Read(job));
+                }
+                t
+            }
+        }
+    }
+}

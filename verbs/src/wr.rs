@@ -1,0 +1,150 @@
+//! Work requests: scatter/gather elements, send and receive work requests.
+//!
+//! An [`Sge`] names registered memory by address, length and local key, exactly like
+//! `struct ibv_sge`. Posting one is always memory-safe: the provider resolves the key in its
+//! memory table when it executes the request, and a key that no longer names a registered
+//! region (or a range outside it) completes with `LocProtErr` instead of touching freed memory.
+//! The bytes themselves are only accessed through atomic copies (see `MemoryRegion`), so an
+//! application that rewrites a buffer while a send is in flight gets mixed contents, as on
+//! hardware, never undefined behaviour.
+
+use crate::types::{Lkey, Rkey, SendFlags};
+
+/// A scatter/gather element (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Virtual address of the first byte (inside a memory region).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// The memory region's local key.
+    pub lkey: Lkey,
+}
+
+/// What a send work request does (`ibv_wr_opcode` plus its operands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WrOpcode {
+    /// Send to the peer's next receive work request.
+    Send,
+    /// Send with 32-bit immediate data (network order as given).
+    SendWithImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// Write into remote memory.
+    RdmaWrite {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: Rkey,
+    },
+    /// Write into remote memory and consume a receive work request carrying `imm`.
+    RdmaWriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: Rkey,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// Read remote memory into the local SGEs.
+    RdmaRead {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: Rkey,
+    },
+    /// 64-bit compare-and-swap on an 8-byte aligned remote word; the original value lands in
+    /// the (8-byte) local SGE.
+    AtomicCmpSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: Rkey,
+        /// Value to compare with.
+        compare: u64,
+        /// Value to store when equal.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add on an 8-byte aligned remote word.
+    AtomicFetchAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: Rkey,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+/// A send-queue work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Local memory to send from / read into.
+    pub sg_list: &'a [Sge],
+    /// The operation.
+    pub opcode: WrOpcode,
+    /// Flags (signaled, inline, fence, solicited).
+    pub send_flags: SendFlags,
+    /// Inline payload given directly as bytes (instead of through `sg_list`); implies
+    /// `INLINE`. Must not exceed the QP's `max_inline_data`.
+    pub inline_data: Option<&'a [u8]>,
+}
+
+impl<'a> SendWr<'a> {
+    /// A work request doing `opcode` on `sg_list`, unsignaled.
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: &'a [Sge]) -> Self {
+        Self { wr_id, sg_list, opcode, send_flags: SendFlags::EMPTY, inline_data: None }
+    }
+
+    /// A plain send.
+    pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
+        Self::new(wr_id, WrOpcode::Send, sg_list)
+    }
+
+    /// A send whose payload is copied from `data` at post time.
+    pub fn send_inline(wr_id: u64, data: &'a [u8]) -> Self {
+        let mut wr = Self::new(wr_id, WrOpcode::Send, &[]);
+        wr.inline_data = Some(data);
+        wr.send_flags |= SendFlags::INLINE;
+        wr
+    }
+
+    /// Adds flags.
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.send_flags |= flags;
+        self
+    }
+
+    /// Requests a completion on success.
+    pub fn signaled(self) -> Self {
+        self.flags(SendFlags::SIGNALED)
+    }
+
+    /// Total bytes named by the SGEs (or the inline data).
+    pub fn total_len(&self) -> u64 {
+        match self.inline_data {
+            Some(d) => d.len() as u64,
+            None => self.sg_list.iter().map(|s| u64::from(s.length)).sum(),
+        }
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where incoming data lands.
+    pub sg_list: &'a [Sge],
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive into `sg_list`.
+    pub fn new(wr_id: u64, sg_list: &'a [Sge]) -> Self {
+        Self { wr_id, sg_list }
+    }
+}
