@@ -13,7 +13,10 @@ use crate::types::WorkCompletion;
 fn spin_time() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        let us = std::env::var("RDMX_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+        let us = std::env::var("RDMX_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50);
         Duration::from_micros(us)
     })
 }
@@ -28,9 +31,10 @@ pub struct CompletionChannel {
 
 impl CompletionChannel {
     pub(crate) fn new(ctx: Context) -> Result<Self, VerbsError> {
-        let inner = Arc::new(
-            ChannelInner::new().map_err(|source| VerbsError::Io { op: "eventfd", source })?,
-        );
+        let inner = Arc::new(ChannelInner::new().map_err(|source| VerbsError::Io {
+            op: "eventfd",
+            source,
+        })?);
         Ok(Self { ctx, inner })
     }
 
@@ -124,7 +128,9 @@ impl CompletionQueue {
         };
         let id = ctx.dev().with_nic(|n, _| n.create_cq(cqe));
         ctx.dev().set_channel(id, &channel.inner);
-        Ok(Self { inner: Arc::new(CqInner { ctx, id, channel }) })
+        Ok(Self {
+            inner: Arc::new(CqInner { ctx, id, channel }),
+        })
     }
 
     /// Moves up to `wc.len()` completions into `wc` and returns how many (`ibv_poll_cq`).
@@ -144,7 +150,10 @@ impl CompletionQueue {
     /// (`ibv_req_notify_cq`).
     pub fn req_notify(&self, solicited_only: bool) {
         let id = self.inner.id;
-        self.inner.ctx.dev().with_nic(|n, _| n.req_notify_cq(id, solicited_only));
+        self.inner
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.req_notify_cq(id, solicited_only));
     }
 
     /// The channel this CQ signals.

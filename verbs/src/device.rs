@@ -41,7 +41,9 @@ impl Device {
     /// The devices on this host: the default soft device (loopback, ephemeral UDP port),
     /// plus the one named by `RDMX_DEVICE` if that is a different soft device.
     pub fn list() -> Result<Vec<Self>, VerbsError> {
-        let mut v = vec![Self { name: soft::DEFAULT_DEVICE.to_string() }];
+        let mut v = vec![Self {
+            name: soft::DEFAULT_DEVICE.to_string(),
+        }];
         if let Ok(name) = std::env::var("RDMX_DEVICE") {
             if name != soft::DEFAULT_DEVICE && soft::parse_name(&name).is_ok() {
                 v.push(Self { name });
@@ -77,9 +79,18 @@ impl Device {
         let bound = dev.addrs().to_vec();
         let canonical = format!(
             "soft:{}",
-            bound.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            bound
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         );
-        Ok(Context { inner: Arc::new(ContextInner { dev, name: canonical }) })
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                dev,
+                name: canonical,
+            }),
+        })
     }
 
     /// Opens this device.
@@ -163,7 +174,11 @@ impl Context {
     /// `InvalidArgument` for a port that does not exist.
     pub fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError> {
         let addr = self.port_addr(port)?;
-        let active = if addr.ip().is_loopback() { Mtu::Mtu4096 } else { Mtu::Mtu1024 };
+        let active = if addr.ip().is_loopback() {
+            Mtu::Mtu4096
+        } else {
+            Mtu::Mtu1024
+        };
         Ok(PortAttr {
             state: PortState::Active,
             max_mtu: Mtu::Mtu4096,
@@ -180,7 +195,9 @@ impl Context {
     /// `InvalidArgument` for a port or index that does not exist.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid, VerbsError> {
         if index != 0 {
-            return Err(VerbsError::InvalidArgument(format!("GID index {index} does not exist")));
+            return Err(VerbsError::InvalidArgument(format!(
+                "GID index {index} does not exist"
+            )));
         }
         Ok(Gid::from_ip(self.port_addr(port)?.ip()))
     }

@@ -25,7 +25,9 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     pub(crate) fn new(ctx: Context) -> Self {
         let id = ctx.dev().with_nic(|n, _| n.alloc_pd());
-        Self { inner: Arc::new(PdInner { ctx, id }) }
+        Self {
+            inner: Arc::new(PdInner { ctx, id }),
+        }
     }
 
     /// The context this domain belongs to.
@@ -53,13 +55,23 @@ impl ProtectionDomain {
             ));
         }
         if len as u64 > 1 << 40 {
-            return Err(VerbsError::InvalidArgument(format!("{len} bytes exceeds max_mr_size")));
+            return Err(VerbsError::InvalidArgument(format!(
+                "{len} bytes exceeds max_mr_size"
+            )));
         }
-        let mem = Arc::new(
-            RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?,
-        );
-        let key = self.inner.ctx.dev().with_nic(|n, _| n.reg_mr(self.inner.id, mem.clone(), access));
-        Ok(MemoryRegion { pd: self.inner.clone(), mem, key, access })
+        let mem =
+            Arc::new(RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?);
+        let key = self
+            .inner
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.reg_mr(self.inner.id, mem.clone(), access));
+        Ok(MemoryRegion {
+            pd: self.inner.clone(),
+            mem,
+            key,
+            access,
+        })
     }
 
     /// Creates a queue pair (`ibv_create_qp`).

@@ -26,7 +26,13 @@ pub struct QpInitAttr<'a> {
 impl<'a> QpInitAttr<'a> {
     /// RC attributes with default capacities.
     pub fn rc(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
-        Self { qp_type: QpType::Rc, send_cq, recv_cq, cap: QpCap::default(), sq_sig_all: false }
+        Self {
+            qp_type: QpType::Rc,
+            send_cq,
+            recv_cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
     }
 }
 
@@ -51,9 +57,9 @@ impl QueuePair {
             }
         }
         let (pdid, scq, rcq) = (pd.inner.id, a.send_cq.inner.id, a.recv_cq.inner.id);
-        let qpn = ctx.dev().with_nic(|n, _| {
-            n.create_qp(pdid, a.qp_type, scq, rcq, a.cap, a.sq_sig_all)
-        })?;
+        let qpn = ctx
+            .dev()
+            .with_nic(|n, _| n.create_qp(pdid, a.qp_type, scq, rcq, a.cap, a.sq_sig_all))?;
         Ok(Self {
             pd: pd.inner.clone(),
             qpn,
@@ -81,7 +87,10 @@ impl QueuePair {
     /// bit) exactly where verbs returns EINVAL; `InvalidAttribute` for out-of-range values.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().with_nic(|n, now| n.modify_qp(now, qpn, attr, mask))
+        self.pd
+            .ctx
+            .dev()
+            .with_nic(|n, now| n.modify_qp(now, qpn, attr, mask))
     }
 
     /// Current attributes and capacities (`ibv_query_qp`).
@@ -109,7 +118,10 @@ impl QueuePair {
     /// See [`PostError`]: wrong state, full queue, too many SGEs, inline too long, malformed.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().with_nic(|n, now| n.post_send(now, qpn, wr))
+        self.pd
+            .ctx
+            .dev()
+            .with_nic(|n, now| n.post_send(now, qpn, wr))
     }
 
     /// Posts several send work requests in order; stops at the first error and returns the

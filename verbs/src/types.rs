@@ -147,9 +147,15 @@ impl Mtu {
 
     /// The largest MTU not above `bytes`, if any.
     pub fn from_bytes_floor(bytes: usize) -> Option<Self> {
-        [Self::Mtu4096, Self::Mtu2048, Self::Mtu1024, Self::Mtu512, Self::Mtu256]
-            .into_iter()
-            .find(|m| m.bytes() <= bytes)
+        [
+            Self::Mtu4096,
+            Self::Mtu2048,
+            Self::Mtu1024,
+            Self::Mtu512,
+            Self::Mtu256,
+        ]
+        .into_iter()
+        .find(|m| m.bytes() <= bytes)
     }
 
     /// The MTU whose size is exactly `bytes`.
@@ -602,7 +608,9 @@ impl WorkCompletion {
 
     /// The immediate data if present.
     pub fn imm(&self) -> Option<u32> {
-        self.wc_flags.contains(WcFlags::WITH_IMM).then_some(self.imm_data)
+        self.wc_flags
+            .contains(WcFlags::WITH_IMM)
+            .then_some(self.imm_data)
     }
 }
 

@@ -97,7 +97,13 @@ pub struct SendWr<'a> {
 impl<'a> SendWr<'a> {
     /// A work request doing `opcode` on `sg_list`, unsignaled.
     pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: &'a [Sge]) -> Self {
-        Self { wr_id, sg_list, opcode, send_flags: SendFlags::EMPTY, inline_data: None }
+        Self {
+            wr_id,
+            sg_list,
+            opcode,
+            send_flags: SendFlags::EMPTY,
+            inline_data: None,
+        }
     }
 
     /// A plain send.

@@ -32,7 +32,9 @@ pub fn parse_name(name: &str) -> Result<Vec<SocketAddr>, VerbsError> {
         name: name.to_string(),
         reason: reason.to_string(),
     };
-    let rest = name.strip_prefix(PREFIX).ok_or_else(|| bad("soft device names start with soft:"))?;
+    let rest = name
+        .strip_prefix(PREFIX)
+        .ok_or_else(|| bad("soft device names start with soft:"))?;
     if rest.is_empty() {
         return Ok(vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)]);
     }
@@ -41,7 +43,11 @@ pub fn parse_name(name: &str) -> Result<Vec<SocketAddr>, VerbsError> {
         let part = part.trim();
         let addr = if let Ok(sa) = part.parse::<SocketAddr>() {
             sa
-        } else if let Ok(ip) = part.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        } else if let Ok(ip) = part
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
             SocketAddr::new(ip, 0)
         } else {
             return Err(bad(&format!("{part:?} is not an IP address or IP:port")));

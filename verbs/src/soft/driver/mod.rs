@@ -47,7 +47,10 @@ pub(crate) struct ChannelInner {
 
 impl ChannelInner {
     pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self { fd: EventFd::new()?, ready: Mutex::new(VecDeque::new()) })
+        Ok(Self {
+            fd: EventFd::new()?,
+            ready: Mutex::new(VecDeque::new()),
+        })
     }
 }
 
@@ -109,7 +112,11 @@ pub(crate) fn flush_pcap() {
 
 fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
     let io = |op| move |source| VerbsError::Io { op, source };
-    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
     let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
     sys::set_pmtudisc_do(s.as_raw_fd(), addr.is_ipv6()).map_err(io("setsockopt(MTU_DISCOVER)"))?;
     sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
@@ -128,15 +135,17 @@ impl Shared {
         let mut bound = Vec::new();
         for a in addrs {
             let s = bind(*a)?;
-            let local = s.local_addr().map_err(|source| VerbsError::Io { op: "getsockname", source })?;
+            let local = s.local_addr().map_err(|source| VerbsError::Io {
+                op: "getsockname",
+                source,
+            })?;
             sockets.push(s);
             bound.push(local);
         }
         let faults = match faults {
             Some(f) => Some(f),
-            None => FaultConfig::from_env().map_err(|e| VerbsError::InvalidArgument(format!(
-                "RDMX_FAULTS: {e}"
-            )))?,
+            None => FaultConfig::from_env()
+                .map_err(|e| VerbsError::InvalidArgument(format!("RDMX_FAULTS: {e}")))?,
         }
         .filter(|f| !f.is_noop())
         .map(|f| Mutex::new(FaultInjector::new(f)));
@@ -146,7 +155,9 @@ impl Shared {
         let shared = Arc::new(Self {
             nic: Mutex::new(Nic::new(cfg)),
             tx: Mutex::new(TxBatch::default()),
-            rx: Mutex::new(RxState { bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_PACKET]).collect() }),
+            rx: Mutex::new(RxState {
+                bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_PACKET]).collect(),
+            }),
             sockets,
             addrs: bound,
             epoch: Instant::now(),
@@ -253,7 +264,11 @@ impl Shared {
         }
         drop(nic);
         let pcap = pcap();
-        let ts = if pcap.is_some() { Some(std::time::SystemTime::now()) } else { None };
+        let ts = if pcap.is_some() {
+            Some(std::time::SystemTime::now())
+        } else {
+            None
+        };
         let TxBatch { bufs, meta } = &mut *tx;
         for (i, &(port, dst, len)) in meta.iter().enumerate() {
             let Some(sock) = self.sockets.get(port) else {

@@ -20,7 +20,9 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor we own exclusively.
-        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
 
     /// Makes the fd readable (wakes a `poll` on it).
@@ -29,7 +31,11 @@ impl EventFd {
         // SAFETY: writes 8 bytes from a live u64 to our own fd; errors (counter overflow,
         // EAGAIN) only mean it is already signalled.
         let _ = unsafe {
-            libc::write(self.fd.as_raw_fd(), (&raw const one).cast::<libc::c_void>(), 8)
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&raw const one).cast::<libc::c_void>(),
+                8,
+            )
         };
     }
 
@@ -37,9 +43,7 @@ impl EventFd {
     pub(crate) fn drain(&self) -> bool {
         let mut v: u64 = 0;
         // SAFETY: reads at most 8 bytes into a live u64 from our own non-blocking fd.
-        let n = unsafe {
-            libc::read(self.fd.as_raw_fd(), (&raw mut v).cast::<libc::c_void>(), 8)
-        };
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast::<libc::c_void>(), 8) };
         n == 8
     }
 
@@ -53,7 +57,11 @@ impl EventFd {
 pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
         .collect();
     let ms: libc::c_int = match timeout {
         None => -1,
@@ -72,11 +80,19 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
         }
         return Err(e);
     }
-    Ok(pfds.iter().map(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0).collect())
+    Ok(pfds
+        .iter()
+        .map(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0)
+        .collect())
 }
 
 /// Sets an integer socket option.
-fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: passes a pointer to a live c_int and its exact size.
     let r = unsafe {
         libc::setsockopt(
@@ -87,16 +103,30 @@ fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_i
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `IP_MTU_DISCOVER = IP_PMTUDISC_DO` (IPv4) / `IPV6_MTU_DISCOVER` (IPv6): DF set, IPv4 ID 0
 /// on unconnected sockets, which the ICRC needs (spec §1.7).
 pub(crate) fn set_pmtudisc_do(fd: RawFd, v6: bool) -> io::Result<()> {
     if v6 {
-        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
     } else {
-        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
     }
 }
 
@@ -119,7 +149,9 @@ pub(crate) fn random_u64() -> u64 {
         v
     } else {
         // Fall back to the address-space layout and time; only used as a PRNG seed.
-        let t = std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos() as u64);
+        let t = std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .map_or(0, |d| d.as_nanos() as u64);
         t ^ (&raw const v as usize as u64).rotate_left(32)
     }
 }

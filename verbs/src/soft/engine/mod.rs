@@ -55,6 +55,9 @@ pub struct NicConfig {
     pub max_inline_data: u32,
     /// Requester window: packets in flight per QP before waiting for ACKs.
     pub max_unacked_psns: u32,
+    /// Treat `retry_cnt = 7` as "retry forever", as Linux rxe does. The verbs documents
+    /// define 7 = infinite only for `rnr_retry`, so the default is false (seven retries).
+    pub infinite_retry_at_7: bool,
 }
 
 impl NicConfig {
@@ -66,6 +69,7 @@ impl NicConfig {
             verify_icrc: true,
             max_inline_data: 1024,
             max_unacked_psns: 256,
+            infinite_retry_at_7: false,
         }
     }
 }
@@ -250,7 +254,11 @@ impl Resources {
             if end > e.mem.len() as u64 {
                 return None;
             }
-            out.push(Seg { mem: e.mem.clone(), off: off as usize, len: s.length as usize });
+            out.push(Seg {
+                mem: e.mem.clone(),
+                off: off as usize,
+                len: s.length as usize,
+            });
         }
         Some(out)
     }
@@ -339,6 +347,11 @@ impl Nic {
         &self.res.cfg
     }
 
+    /// See [`NicConfig::infinite_retry_at_7`].
+    pub fn set_infinite_retry_at_7(&mut self, on: bool) {
+        self.res.cfg.infinite_retry_at_7 = on;
+    }
+
     /// The counters.
     pub fn counters(&self) -> NicCounters {
         self.res.counters
@@ -379,14 +392,23 @@ impl Nic {
         self.next_cq = self.next_cq.wrapping_add(1).max(1);
         self.res.cqs.insert(
             id,
-            Cq { entries: VecDeque::new(), capacity: cqe.max(1), armed: None, overflowed: false },
+            Cq {
+                entries: VecDeque::new(),
+                capacity: cqe.max(1),
+                armed: None,
+                overflowed: false,
+            },
         );
         id
     }
 
     /// Destroys a completion queue.
     pub fn destroy_cq(&mut self, cq: u32) -> Result<(), VerbsError> {
-        if self.qps.values().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+        if self
+            .qps
+            .values()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
             return Err(VerbsError::InvalidArgument(
                 "completion queue is still used by a queue pair".into(),
             ));
@@ -442,7 +464,9 @@ impl Nic {
         sq_sig_all: bool,
     ) -> Result<Qpn, VerbsError> {
         if qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported("only RC queue pairs in this version"));
+            return Err(VerbsError::Unsupported(
+                "only RC queue pairs in this version",
+            ));
         }
         if !self.res.cqs.contains_key(&send_cq) || !self.res.cqs.contains_key(&recv_cq) {
             return Err(VerbsError::NoSuchObject("completion queue"));
@@ -489,7 +513,10 @@ impl Nic {
         attr: &QpAttr,
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
-        let qp = self.qps.get_mut(&qpn.0).ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        let qp = self
+            .qps
+            .get_mut(&qpn.0)
+            .ok_or(VerbsError::NoSuchObject("queue pair"))?;
         qp.modify(now, &mut self.res, attr, mask)?;
         Self::mark_ready(&mut self.tx_ready, qp);
         Ok(())
@@ -591,6 +618,30 @@ impl Nic {
             }
         }
         None
+    }
+
+    /// A human-readable dump of every QP's transport state, for debugging.
+    pub fn debug_dump(&self) -> String {
+        let mut s = format!("{:?}\n", self.res.counters);
+        for qp in self.qps.values() {
+            s.push_str(&format!(
+                "QP {} {:?} sq={} cursor={} rq={} req={:?} resp={}\n",
+                qp.qpn,
+                qp.attr.qp_state,
+                qp.req.sq.len(),
+                qp.req.cursor,
+                qp.resp.rq.len(),
+                qp.req.summary(),
+                qp.resp.summary()
+            ));
+            for w in qp.req.sq.iter().take(4) {
+                s.push_str(&format!(
+                    "   wqe {} {:?} started={} first={} npsn={} len={}\n",
+                    w.wr_id, w.kind, w.started, w.first_psn, w.npsn, w.len
+                ));
+            }
+        }
+        s
     }
 
     /// The next asynchronous event.

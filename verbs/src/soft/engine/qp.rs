@@ -112,7 +112,10 @@ impl Qp {
         cap: QpCap,
         sq_sig_all: bool,
     ) -> Self {
-        let attr = QpAttr { cap, ..QpAttr::default() };
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
         Self {
             qpn,
             qp_type,
@@ -146,7 +149,11 @@ impl Qp {
         mask: M,
     ) -> Result<(), VerbsError> {
         let from = self.state();
-        let to = if mask.contains(M::STATE) { a.qp_state } else { from };
+        let to = if mask.contains(M::STATE) {
+            a.qp_state
+        } else {
+            from
+        };
         state::check(self.qp_type, from, to, mask)?;
         if mask.contains(M::CUR_STATE) && a.cur_qp_state != from {
             return Err(VerbsError::InvalidAttribute {
@@ -181,7 +188,13 @@ impl Qp {
         take!(M::RNR_RETRY, rnr_retry);
         take!(M::RQ_PSN, rq_psn);
         take!(M::MAX_QP_RD_ATOMIC, max_rd_atomic);
-        take!(M::ALT_PATH, alt_ah_attr, alt_pkey_index, alt_port_num, alt_timeout);
+        take!(
+            M::ALT_PATH,
+            alt_ah_attr,
+            alt_pkey_index,
+            alt_port_num,
+            alt_timeout
+        );
         take!(M::MIN_RNR_TIMER, min_rnr_timer);
         take!(M::SQ_PSN, sq_psn);
         take!(M::MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
@@ -197,12 +210,15 @@ impl Qp {
             (_, QpState::Err) if from != QpState::Err => self.enter_error(res),
             (QpState::Init, QpState::Rtr) => {
                 let port = usize::from(self.attr.port_num).saturating_sub(1);
-                let local = res.cfg.ports.get(port).copied().ok_or(
-                    VerbsError::InvalidAttribute {
-                        attr: "PORT",
-                        reason: "no such port".into(),
-                    },
-                )?;
+                let local =
+                    res.cfg
+                        .ports
+                        .get(port)
+                        .copied()
+                        .ok_or(VerbsError::InvalidAttribute {
+                            attr: "PORT",
+                            reason: "no such port".into(),
+                        })?;
                 let av = self.attr.ah_attr;
                 self.path = Some(Path {
                     port,
@@ -229,19 +245,24 @@ impl Qp {
     }
 
     fn validate_values(&self, res: &Resources, a: &QpAttr, mask: M) -> Result<(), VerbsError> {
-        let bad = |attr: &'static str, reason: String| {
-            Err(VerbsError::InvalidAttribute { attr, reason })
-        };
+        let bad =
+            |attr: &'static str, reason: String| Err(VerbsError::InvalidAttribute { attr, reason });
         if mask.contains(M::PORT)
             && (a.port_num == 0 || usize::from(a.port_num) > res.cfg.ports.len())
         {
             return bad("PORT", format!("port {} does not exist", a.port_num));
         }
         if mask.contains(M::PKEY_INDEX) && a.pkey_index != 0 {
-            return bad("PKEY_INDEX", "the P_Key table has one entry (index 0)".into());
+            return bad(
+                "PKEY_INDEX",
+                "the P_Key table has one entry (index 0)".into(),
+            );
         }
         if mask.contains(M::ACCESS_FLAGS) && a.qp_access_flags.bits() & !0xF != 0 {
-            return bad("ACCESS_FLAGS", format!("unknown bits {:#x}", a.qp_access_flags.bits()));
+            return bad(
+                "ACCESS_FLAGS",
+                format!("unknown bits {:#x}", a.qp_access_flags.bits()),
+            );
         }
         if mask.contains(M::TIMEOUT) && a.timeout > 31 {
             return bad("TIMEOUT", format!("{} > 31", a.timeout));
@@ -259,16 +280,25 @@ impl Qp {
             return bad("MAX_QP_RD_ATOMIC", format!("{} > 16", a.max_rd_atomic));
         }
         if mask.contains(M::MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > 16 {
-            return bad("MAX_DEST_RD_ATOMIC", format!("{} > 16", a.max_dest_rd_atomic));
+            return bad(
+                "MAX_DEST_RD_ATOMIC",
+                format!("{} > 16", a.max_dest_rd_atomic),
+            );
         }
         if mask.contains(M::DEST_QPN) && a.dest_qp_num > 0x00FF_FFFF {
-            return bad("DEST_QPN", format!("{:#x} is not a 24-bit QPN", a.dest_qp_num));
+            return bad(
+                "DEST_QPN",
+                format!("{:#x} is not a 24-bit QPN", a.dest_qp_num),
+            );
         }
         if mask.contains(M::PATH_MTU) && a.path_mtu > Mtu::Mtu4096 {
             return bad("PATH_MTU", "larger than the port's active MTU".into());
         }
         if mask.contains(M::AV) && a.ah_attr.dgid.is_multicast() {
-            return bad("AV", "a connected QP cannot have a multicast destination".into());
+            return bad(
+                "AV",
+                "a connected QP cannot have a multicast destination".into(),
+            );
         }
         Ok(())
     }
@@ -278,7 +308,10 @@ impl Qp {
         self.resp = Default::default();
         self.path = None;
         let cap = self.cap;
-        self.attr = QpAttr { cap, ..QpAttr::default() };
+        self.attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
     }
 
     /// Moves the QP to ERR and flushes every outstanding work request.
@@ -311,7 +344,11 @@ impl Qp {
             wr_id: w.wr_id,
             status,
             opcode: w.kind.wc_opcode(),
-            byte_len: if w.kind == WqeKind::Read { w.len as u32 } else { 0 },
+            byte_len: if w.kind == WqeKind::Read {
+                w.len as u32
+            } else {
+                0
+            },
             qp_num: self.qpn,
             ..WorkCompletion::EMPTY
         }
@@ -332,7 +369,11 @@ impl Qp {
             byte_len,
             imm_data: imm.unwrap_or(0),
             qp_num: self.qpn,
-            wc_flags: if imm.is_some() { WcFlags::WITH_IMM } else { WcFlags::EMPTY },
+            wc_flags: if imm.is_some() {
+                WcFlags::WITH_IMM
+            } else {
+                WcFlags::EMPTY
+            },
             ..WorkCompletion::EMPTY
         }
     }
@@ -346,10 +387,16 @@ impl Qp {
     ) -> Result<(), PostError> {
         let st = self.state();
         if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Err) {
-            return Err(PostError::InvalidState { what: "send", state: st });
+            return Err(PostError::InvalidState {
+                what: "send",
+                state: st,
+            });
         }
         if self.req.sq.len() >= self.cap.max_send_wr as usize {
-            return Err(PostError::QueueFull { what: "send", depth: self.cap.max_send_wr });
+            return Err(PostError::QueueFull {
+                what: "send",
+                depth: self.cap.max_send_wr,
+            });
         }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
             return Err(PostError::TooManySge {
@@ -359,7 +406,10 @@ impl Qp {
         }
         let len = wr.total_len();
         if len > MAX_MSG_SIZE {
-            return Err(PostError::MessageTooLong { len, max: MAX_MSG_SIZE });
+            return Err(PostError::MessageTooLong {
+                len,
+                max: MAX_MSG_SIZE,
+            });
         }
         let (kind, imm, remote_addr, rkey, compare, swap_add) = match wr.opcode {
             WrOpcode::Send => (WqeKind::Send, None, 0, 0, 0, 0),
@@ -367,18 +417,25 @@ impl Qp {
             WrOpcode::RdmaWrite { remote_addr, rkey } => {
                 (WqeKind::Write, None, remote_addr, rkey.0, 0, 0)
             }
-            WrOpcode::RdmaWriteWithImm { remote_addr, rkey, imm } => {
-                (WqeKind::Write, Some(imm), remote_addr, rkey.0, 0, 0)
-            }
+            WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (WqeKind::Write, Some(imm), remote_addr, rkey.0, 0, 0),
             WrOpcode::RdmaRead { remote_addr, rkey } => {
                 (WqeKind::Read, None, remote_addr, rkey.0, 0, 0)
             }
-            WrOpcode::AtomicCmpSwap { remote_addr, rkey, compare, swap } => {
-                (WqeKind::CmpSwap, None, remote_addr, rkey.0, compare, swap)
-            }
-            WrOpcode::AtomicFetchAdd { remote_addr, rkey, add } => {
-                (WqeKind::FetchAdd, None, remote_addr, rkey.0, 0, add)
-            }
+            WrOpcode::AtomicCmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (WqeKind::CmpSwap, None, remote_addr, rkey.0, compare, swap),
+            WrOpcode::AtomicFetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (WqeKind::FetchAdd, None, remote_addr, rkey.0, 0, add),
         };
         let inline = wr.send_flags.contains(SendFlags::INLINE) || wr.inline_data.is_some();
         if inline {
@@ -444,13 +501,23 @@ impl Qp {
     }
 
     /// `ibv_post_recv`.
-    pub(crate) fn post_recv(&mut self, res: &mut Resources, wr: &RecvWr<'_>) -> Result<(), PostError> {
+    pub(crate) fn post_recv(
+        &mut self,
+        res: &mut Resources,
+        wr: &RecvWr<'_>,
+    ) -> Result<(), PostError> {
         let st = self.state();
         if st == QpState::Reset {
-            return Err(PostError::InvalidState { what: "receive", state: st });
+            return Err(PostError::InvalidState {
+                what: "receive",
+                state: st,
+            });
         }
         if self.resp.rq.len() >= self.cap.max_recv_wr as usize {
-            return Err(PostError::QueueFull { what: "receive", depth: self.cap.max_recv_wr });
+            return Err(PostError::QueueFull {
+                what: "receive",
+                depth: self.cap.max_recv_wr,
+            });
         }
         if wr.sg_list.len() > self.cap.max_recv_sge as usize {
             return Err(PostError::TooManySge {
@@ -463,7 +530,10 @@ impl Qp {
             res.complete(self.recv_cq, wc, false);
             return Ok(());
         }
-        self.resp.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list.to_vec() });
+        self.resp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list.to_vec(),
+        });
         Ok(())
     }
 
@@ -546,7 +616,11 @@ impl Qp {
             dst: SocketAddr::new(path.remote.ip(), ROCE_UDP_PORT),
         };
         let len = finish_packet(buf, hl + payload_len, &icrc).ok()?;
-        Some(Transmit { port: path.port, dst: path.remote, len })
+        Some(Transmit {
+            port: path.port,
+            dst: path.remote,
+            len,
+        })
     }
 
     /// MigReq bit for outgoing packets (1 while MIGRATED, spec §8).

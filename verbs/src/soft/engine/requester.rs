@@ -6,10 +6,10 @@ use std::collections::VecDeque;
 
 use super::qp::{Qp, SendWqe, WqeKind};
 use super::{AsyncEvent, Payload, Resources, Transmit, scatter};
+use crate::soft::wire::aeth::rnr_timer_ns;
 use crate::soft::wire::{
     AethKind, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketHeaders, RethRepr,
 };
-use crate::soft::wire::aeth::rnr_timer_ns;
 use crate::types::{Psn, QpAttr, QpState, Qpn, SendFlags, WcStatus};
 
 /// Request an ACK at least every this many packets inside long messages.
@@ -45,11 +45,22 @@ pub(crate) struct Requester {
     rnr_retry: u8,
     window: u32,
     drained_sent: bool,
+    /// READ response PSNs of the front READ received ahead of `una`.
+    read_ooo: Vec<Psn>,
+    /// PSN of the last sequence NAK: a new one further on means the responder progressed.
+    last_nak: Option<Psn>,
 }
+
+/// A READ response this far ahead of the expected one is taken as a loss, not reordering.
+const REORDER_TOLERANCE: i32 = 8;
 
 /// Local ACK timeout for the 5-bit exponent: 4.096 us × 2^t; 0 means never.
 pub(crate) fn ack_timeout_ns(t: u8) -> u64 {
-    if t == 0 { 0 } else { 4096u64 << u32::from(t.min(31)) }
+    if t == 0 {
+        0
+    } else {
+        4096u64 << u32::from(t.min(31))
+    }
 }
 
 impl Requester {
@@ -60,6 +71,8 @@ impl Requester {
         self.pkt_off = 0;
         self.rd_atomic_out = 0;
         self.recovering = false;
+        self.last_nak = None;
+        self.read_ooo.clear();
         self.timers_off();
         self.reload_limits(attr);
         self.retry_left = self.retry_cnt;
@@ -79,6 +92,21 @@ impl Requester {
     /// Sets the maximum number of unacknowledged PSNs.
     pub(crate) fn set_window(&mut self, w: u32) {
         self.window = w.clamp(1, 1 << 22);
+    }
+
+    /// Key fields, for debugging.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "next={} una={} off={} rto={:?} rnr={:?} rd_out={} recovering={} retry_left={}",
+            self.next_psn,
+            self.una,
+            self.pkt_off,
+            self.rto,
+            self.rnr_until,
+            self.rd_atomic_out,
+            self.recovering,
+            self.retry_left
+        )
     }
 
     pub(crate) fn timers_off(&mut self) {
@@ -357,9 +385,7 @@ impl Qp {
             .unwrap_or(self.req.sq.len());
         self.req.cursor = idx.min(self.req.cursor);
         self.req.pkt_off = match self.req.sq.get(self.req.cursor) {
-            Some(w) if w.started && self.req.cursor == idx => {
-                una.diff(w.first_psn).max(0) as u32
-            }
+            Some(w) if w.started && self.req.cursor == idx => una.diff(w.first_psn).max(0) as u32,
             _ => 0,
         };
         self.req.recovering = true;
@@ -373,11 +399,24 @@ impl Qp {
     /// A transport retry (timeout, sequence NAK, implied NAK): rewind, or fail with
     /// RETRY_EXC_ERR when the retry count is used up.
     fn retry(&mut self, now: u64, res: &mut Resources) {
-        if self.req.retry_left == 0 {
+        if std::env::var("RDMX_TRACE").is_ok() {
+            let f = self
+                .req
+                .sq
+                .front()
+                .map(|w| (w.wr_id, w.kind, w.first_psn.value(), w.npsn));
+            eprintln!(
+                "t={now} retry left={} {} front={f:?}",
+                self.req.retry_left,
+                self.req.summary()
+            );
+        }
+        let infinite = res.cfg.infinite_retry_at_7 && self.req.retry_cnt == 7;
+        if self.req.retry_left == 0 && !infinite {
             self.fail_front(res, WcStatus::RetryExcErr);
             return;
         }
-        self.req.retry_left -= 1;
+        self.req.retry_left = self.req.retry_left.saturating_sub(1);
         self.rewind(now, res);
     }
 
@@ -396,6 +435,14 @@ impl Qp {
             return;
         }
         let op = hdr.bth.opcode;
+        if std::env::var("RDMX_TRACE").is_ok() && op != Opcode::RC_ACKNOWLEDGE {
+            eprintln!(
+                "resp {} psn={psn} una={} front={:?}",
+                op.name(),
+                self.req.una,
+                self.req.sq.front().map(|w| (w.kind, w.first_psn.value()))
+            );
+        }
         if op == Opcode::RC_ACKNOWLEDGE {
             let Some(aeth) = hdr.aeth else {
                 res.counters.rx_malformed += 1;
@@ -407,9 +454,19 @@ impl Qp {
                     if progress {
                         self.on_progress(now, res);
                     }
+                    if implied && std::env::var("RDMX_TRACE").is_ok() {
+                        eprintln!(
+                            "implied nak ack psn={psn} recovering={}",
+                            self.req.recovering
+                        );
+                    }
                     if implied && !self.req.recovering {
                         self.retry(now, res);
                     }
+                }
+                AethKind::RnrNak { .. } | AethKind::Nak(_) if psn.before(self.req.una) => {
+                    // A stale or duplicated NAK for something already acknowledged.
+                    res.counters.rx_dropped_seq += 1;
                 }
                 AethKind::RnrNak { timer } => {
                     res.counters.rnr_naks_received += 1;
@@ -437,7 +494,16 @@ impl Qp {
                     }
                     match code {
                         NakCode::PsnSequence => {
-                            if self.req.recovering && self.req.restart_psn == psn {
+                            if std::env::var("RDMX_TRACE").is_ok() {
+                                eprintln!("seq nak psn={psn}");
+                            }
+                            // A NAK further on than the previous one means the responder
+                            // moved forward: resend, but do not use up a retry.
+                            let progressed = self.req.last_nak.is_none_or(|l| psn.after(l));
+                            self.req.last_nak = Some(psn);
+                            if progressed {
+                                self.rewind(now, res);
+                            } else if self.req.recovering && self.req.restart_psn == psn {
                                 res.counters.rx_dropped_seq += 1;
                             } else {
                                 self.retry(now, res);
@@ -491,19 +557,13 @@ impl Qp {
             }
             return;
         }
-        if psn.after(una) {
-            // A response is missing: go back once.
-            if progress {
-                self.on_progress(now, res);
-            }
-            if !self.req.recovering {
-                self.retry(now, res);
-            } else {
-                res.counters.rx_dropped_seq += 1;
-            }
-            return;
-        }
         if is_atomic_ack {
+            if psn != una {
+                // The atomic's ACK carries the atomic's PSN; anything else is for a later
+                // request, so this one's answer was lost.
+                self.gap(now, res, progress);
+                return;
+            }
             let Some(ack) = hdr.atomic_ack_eth else {
                 res.counters.rx_malformed += 1;
                 return;
@@ -517,15 +577,28 @@ impl Qp {
             self.on_progress(now, res);
             return;
         }
-        // READ response at the expected PSN.
+        // READ response. Responses are placed by PSN, in any order (a reordering network
+        // must not stall the read); `una` advances over the contiguous part.
         let mtu = self.mtu();
         let Some(w) = self.req.sq.front() else {
             return;
         };
-        let idx = una.diff(w.first_psn).max(0) as u32;
+        let Ok(idx) = u32::try_from(psn.diff(w.first_psn)) else {
+            res.counters.rx_dropped_seq += 1;
+            return;
+        };
+        if idx >= w.npsn {
+            // For a later READ: this one's responses are missing or still in flight.
+            self.gap(now, res, progress);
+            return;
+        }
         let boff = idx as usize * mtu;
         let last = idx + 1 >= w.npsn;
-        let want = if last { w.len.saturating_sub(boff) } else { mtu };
+        let want = if last {
+            w.len.saturating_sub(boff)
+        } else {
+            mtu
+        };
         let o = op.operation();
         let op_ok = match (idx == 0, last) {
             (true, true) => o == 0x10,
@@ -533,7 +606,7 @@ impl Qp {
             (false, false) => o == 0x0E,
             (false, true) => o == 0x0F,
         };
-        // A retransmitted READ restarts with FIRST/ONLY at a later PSN: accept that too.
+        // A re-requested READ restarts with FIRST/ONLY at a later PSN: accept that too.
         let op_ok = op_ok || (o == 0x0D && !last) || (o == 0x10 && last);
         if !op_ok || payload.len() != want {
             res.counters.rx_malformed += 1;
@@ -543,11 +616,43 @@ impl Qp {
         if let Payload::Segs(segs) = &w.payload {
             scatter(segs, boff, payload);
         }
-        self.req.una = una.add(1);
-        if last {
-            self.complete_front(res);
+        let last_psn = w.last_psn();
+        if psn == una {
+            let mut next = una.add(1);
+            while let Some(pos) = self.req.read_ooo.iter().position(|p| *p == next) {
+                self.req.read_ooo.swap_remove(pos);
+                next = next.add(1);
+            }
+            self.req.una = next;
+            if next.after(last_psn) {
+                self.req.read_ooo.clear();
+                self.complete_front(res);
+            }
+            self.on_progress(now, res);
+        } else {
+            if !self.req.read_ooo.contains(&psn) && self.req.read_ooo.len() < 4096 {
+                self.req.read_ooo.push(psn);
+            }
+            if progress {
+                self.on_progress(now, res);
+            }
+            if psn.diff(una) > REORDER_TOLERANCE {
+                self.gap(now, res, false);
+            }
         }
-        self.on_progress(now, res);
+    }
+
+    /// A response showed that something before it is missing: go back once (ignored while a
+    /// go-back-N from the same point is in progress).
+    fn gap(&mut self, now: u64, res: &mut Resources, progress: bool) {
+        if progress {
+            self.on_progress(now, res);
+        }
+        if self.req.recovering {
+            res.counters.rx_dropped_seq += 1;
+        } else {
+            self.retry(now, res);
+        }
     }
 
     /// Local ACK timer or RNR wait expired.

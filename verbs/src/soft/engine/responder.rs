@@ -17,15 +17,34 @@ use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
 /// A message being received.
 #[derive(Debug)]
 enum Inbound {
-    Send { wr_id: u64, segs: Vec<Seg>, cap: usize, got: usize },
-    Write { mem: Option<Arc<RegisteredMemory>>, off: usize, remaining: usize, total: u32 },
+    Send {
+        wr_id: u64,
+        segs: Vec<Seg>,
+        cap: usize,
+        got: usize,
+    },
+    Write {
+        mem: Option<Arc<RegisteredMemory>>,
+        off: usize,
+        remaining: usize,
+        total: u32,
+    },
 }
 
 /// A responder resource: what a READ or atomic did, for duplicate handling.
 #[derive(Debug, Clone, Copy)]
 enum RdAtomic {
-    Read { first: Psn, last: Psn, va: u64, rkey: u32, len: u64 },
-    Atomic { psn: Psn, orig: u64 },
+    Read {
+        first: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
 }
 
 /// READ responses still to send.
@@ -70,6 +89,18 @@ impl Responder {
         self.out.clear();
     }
 
+    /// Key fields, for debugging.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "epsn={} msn={} nak_sent={} open={} res={:?}",
+            self.epsn,
+            self.msn,
+            self.nak_sent,
+            self.cur.is_some(),
+            self.resources
+        )
+    }
+
     fn push_ack(&mut self, psn: Psn) {
         let aeth = AethRepr::ack(self.msn);
         if let Some(RespOut::Ack { psn: p, aeth: a }) = self.out.back_mut() {
@@ -83,7 +114,10 @@ impl Responder {
     }
 
     fn push_nak(&mut self, psn: Psn, code: NakCode) {
-        self.out.push_back(RespOut::Ack { psn, aeth: AethRepr::nak(code, self.msn) });
+        self.out.push_back(RespOut::Ack {
+            psn,
+            aeth: AethRepr::nak(code, self.msn),
+        });
     }
 
     fn remember(&mut self, r: RdAtomic, max: u8) {
@@ -94,7 +128,10 @@ impl Responder {
     }
 
     fn reads_in_flight(&self) -> usize {
-        self.out.iter().filter(|o| matches!(o, RespOut::Read(_))).count()
+        self.out
+            .iter()
+            .filter(|o| matches!(o, RespOut::Read(_)))
+            .count()
     }
 }
 
@@ -110,9 +147,10 @@ impl Qp {
     /// Class C / A errors: NAK the request, move to ERR, raise the async event.
     fn responder_error(&mut self, res: &mut Resources, psn: Psn, v: Violation) {
         let (code, ev) = match v {
-            Violation::InvalidRequest => {
-                (NakCode::InvalidRequest, AsyncEvent::QpRequestError(self.qpn))
-            }
+            Violation::InvalidRequest => (
+                NakCode::InvalidRequest,
+                AsyncEvent::QpRequestError(self.qpn),
+            ),
             Violation::RemoteAccess => (NakCode::RemoteAccess, AsyncEvent::QpAccessError(self.qpn)),
             Violation::RemoteOperational => {
                 (NakCode::RemoteOperational, AsyncEvent::QpFatal(self.qpn))
@@ -177,7 +215,9 @@ impl Qp {
         let last = !matches!(op, 0x00 | 0x01);
         // Opcode sequence (class C).
         let open = matches!(self.resp.cur, Some(Inbound::Send { .. }));
-        if first == open || (!first && !open) || matches!(self.resp.cur, Some(Inbound::Write { .. }))
+        if first == open
+            || (!first && !open)
+            || matches!(self.resp.cur, Some(Inbound::Write { .. }))
         {
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
@@ -210,9 +250,20 @@ impl Qp {
             let cap = segs.iter().map(|s| s.len).sum();
             let wr_id = wqe.wr_id;
             self.resp.rq.pop_front();
-            self.resp.cur = Some(Inbound::Send { wr_id, segs, cap, got: 0 });
+            self.resp.cur = Some(Inbound::Send {
+                wr_id,
+                segs,
+                cap,
+                got: 0,
+            });
         }
-        let Some(Inbound::Send { wr_id, segs, cap, got }) = &mut self.resp.cur else {
+        let Some(Inbound::Send {
+            wr_id,
+            segs,
+            cap,
+            got,
+        }) = &mut self.resp.cur
+        else {
             return;
         };
         if *got + payload.len() > *cap {
@@ -229,7 +280,13 @@ impl Qp {
             let (wr_id, got) = (*wr_id, *got);
             self.resp.cur = None;
             self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
-            let wc = self.recv_wc(wr_id, WcStatus::Success, WcOpcode::Recv, got as u32, hdr.immdt);
+            let wc = self.recv_wc(
+                wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                got as u32,
+                hdr.immdt,
+            );
             res.complete(self.recv_cq, wc, hdr.bth.solicited);
         }
         self.resp.epsn = psn.add(1);
@@ -283,8 +340,13 @@ impl Qp {
             let (mem, off) = if dma_len == 0 {
                 (None, 0)
             } else {
-                match res.remote(self.pd, rkey, va, u64::from(dma_len), AccessFlags::REMOTE_WRITE)
-                {
+                match res.remote(
+                    self.pd,
+                    rkey,
+                    va,
+                    u64::from(dma_len),
+                    AccessFlags::REMOTE_WRITE,
+                ) {
                     Some((m, o)) => (Some(m), o),
                     None => {
                         self.responder_error(res, psn, Violation::RemoteAccess);
@@ -292,10 +354,20 @@ impl Qp {
                     }
                 }
             };
-            self.resp.cur =
-                Some(Inbound::Write { mem, off, remaining: dma_len as usize, total: dma_len });
+            self.resp.cur = Some(Inbound::Write {
+                mem,
+                off,
+                remaining: dma_len as usize,
+                total: dma_len,
+            });
         }
-        let Some(Inbound::Write { mem, off, remaining, total }) = &mut self.resp.cur else {
+        let Some(Inbound::Write {
+            mem,
+            off,
+            remaining,
+            total,
+        }) = &mut self.resp.cur
+        else {
             return;
         };
         if payload.len() > *remaining || (last && payload.len() != *remaining) {
@@ -359,10 +431,23 @@ impl Qp {
         let total = len.div_ceil(mtu).max(1) as u32;
         let last = psn.add(total - 1);
         self.resp.remember(
-            RdAtomic::Read { first: psn, last, va, rkey, len: len as u64 },
+            RdAtomic::Read {
+                first: psn,
+                last,
+                va,
+                rkey,
+                len: len as u64,
+            },
             self.attr.max_dest_rd_atomic,
         );
-        self.resp.out.push_back(RespOut::Read(ReadJob { first: psn, mem, off, len, pos: 0, total }));
+        self.resp.out.push_back(RespOut::Read(ReadJob {
+            first: psn,
+            mem,
+            off,
+            len,
+            pos: 0,
+            total,
+        }));
         self.resp.epsn = psn.add(total);
         self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
     }
@@ -390,14 +475,14 @@ impl Qp {
             return;
         };
         let orig = if hdr.bth.opcode == Opcode::RC_COMPARE_SWAP {
-            match word.compare_exchange(a.compare, a.swap_add, Ordering::SeqCst, Ordering::SeqCst)
-            {
+            match word.compare_exchange(a.compare, a.swap_add, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(v) | Err(v) => v,
             }
         } else {
             word.fetch_add(a.swap_add, Ordering::SeqCst)
         };
-        self.resp.remember(RdAtomic::Atomic { psn, orig }, self.attr.max_dest_rd_atomic);
+        self.resp
+            .remember(RdAtomic::Atomic { psn, orig }, self.attr.max_dest_rd_atomic);
         self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
         self.resp.out.push_back(RespOut::AtomicAck { psn, orig });
         self.resp.epsn = psn.add(1);
@@ -407,6 +492,9 @@ impl Qp {
     fn handle_duplicate(&mut self, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
         res.counters.rx_duplicates += 1;
         let op = hdr.bth.opcode.operation();
+        if std::env::var("RDMX_TRACE").is_ok() {
+            eprintln!("B dup op={op:#x} psn={psn} epsn={}", self.resp.epsn);
+        }
         match op {
             0x0C => {
                 let Some(reth) = hdr.reth else {
@@ -414,11 +502,13 @@ impl Qp {
                     return;
                 };
                 let found = self.resp.resources.iter().rev().find_map(|r| match *r {
-                    RdAtomic::Read { first, last, va, rkey, len }
-                        if !psn.before(first) && !psn.after(last) =>
-                    {
-                        Some((first, va, rkey, len))
-                    }
+                    RdAtomic::Read {
+                        first,
+                        last,
+                        va,
+                        rkey,
+                        len,
+                    } if !psn.before(first) && !psn.after(last) => Some((first, va, rkey, len)),
                     _ => None,
                 });
                 let Some((first, va, rkey, len)) = found else {
@@ -447,7 +537,9 @@ impl Qp {
                 let total = (len as usize).div_ceil(mtu).max(1) as u32;
                 let pos = psn.diff(first).max(0) as u32;
                 // Replace a stale job for the same READ rather than stream it twice.
-                self.resp.out.retain(|o| !matches!(o, RespOut::Read(j) if j.first == first));
+                self.resp
+                    .out
+                    .retain(|o| !matches!(o, RespOut::Read(j) if j.first == first));
                 self.resp.out.push_back(RespOut::Read(ReadJob {
                     first,
                     mem,
@@ -475,7 +567,11 @@ impl Qp {
     }
 
     /// Builds the next response packet (ACK/NAK, atomic ACK, READ response).
-    pub(crate) fn poll_response(&mut self, res: &mut Resources, buf: &mut [u8]) -> Option<Transmit> {
+    pub(crate) fn poll_response(
+        &mut self,
+        res: &mut Resources,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
         let item = self.resp.out.pop_front()?;
         let bth = |opcode: Opcode, psn: Psn| BthRepr {
             opcode,

@@ -145,7 +145,11 @@ pub(crate) fn check(qp_type: QpType, from: S, to: S, mask: M) -> Result<(), Verb
         return Err(VerbsError::UnexpectedAttribute { from, to, attr });
     }
     if mask.contains(M::CUR_STATE) && !matches!(from, S::Rtr | S::Rts | S::Sqd | S::Sqe) {
-        return Err(VerbsError::UnexpectedAttribute { from, to, attr: "CUR_STATE" });
+        return Err(VerbsError::UnexpectedAttribute {
+            from,
+            to,
+            attr: "CUR_STATE",
+        });
     }
     Ok(())
 }
@@ -176,12 +180,29 @@ mod tests {
 
     #[test]
     fn missing_and_extra_attributes_are_named() {
-        let e = check(QpType::Rc, S::Reset, S::Init, M::STATE | M::PKEY_INDEX | M::PORT);
-        assert!(matches!(e, Err(VerbsError::MissingAttribute { attr: "ACCESS_FLAGS", .. })));
+        let e = check(
+            QpType::Rc,
+            S::Reset,
+            S::Init,
+            M::STATE | M::PKEY_INDEX | M::PORT,
+        );
+        assert!(matches!(
+            e,
+            Err(VerbsError::MissingAttribute {
+                attr: "ACCESS_FLAGS",
+                ..
+            })
+        ));
         let e = check(QpType::Rc, S::Reset, S::Init, rc_init() | M::SQ_PSN);
-        assert!(matches!(e, Err(VerbsError::UnexpectedAttribute { attr: "SQ_PSN", .. })));
+        assert!(matches!(
+            e,
+            Err(VerbsError::UnexpectedAttribute { attr: "SQ_PSN", .. })
+        ));
         let e = check(QpType::Ud, S::Reset, S::Init, rc_init());
-        assert!(matches!(e, Err(VerbsError::MissingAttribute { attr: "QKEY", .. })));
+        assert!(matches!(
+            e,
+            Err(VerbsError::MissingAttribute { attr: "QKEY", .. })
+        ));
     }
 
     #[test]

@@ -148,40 +148,26 @@ pub fn compute_with_ipv4_id(
 
 /// The IPv4 header with the variant fields (TOS, TTL, checksum) masked to all ones.
 fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16, id: u16, flags_frag: u16) -> [u8; 20] {
-    let [t0, t1] = udp_len.wrapping_add(20).to_be_bytes();
-    let [i0, i1] = id.to_be_bytes();
-    let [f0, f1] = flags_frag.to_be_bytes();
-    let [s0, s1, s2, s3] = src.octets();
-    let [d0, d1, d2, d3] = dst.octets();
-    [
-        0x45,
-        0xFF,
-        t0,
-        t1,
-        i0,
-        i1,
-        f0,
-        f1,
-        0xFF,
-        IPPROTO_UDP,
-        0xFF,
-        0xFF,
-        s0,
-        s1,
-        s2,
-        s3,
-        d0,
-        d1,
-        d2,
-        d3,
-    ]
+    // Starts all ones: TOS (byte 1), TTL (byte 8) and checksum (bytes 10-11) stay masked.
+    let mut header = [0xFF_u8; 20];
+    header[0] = 0x45; // version 4, IHL 5
+    header[2..4].copy_from_slice(&udp_len.wrapping_add(20).to_be_bytes());
+    header[4..6].copy_from_slice(&id.to_be_bytes());
+    header[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+    header[9] = IPPROTO_UDP;
+    header[12..16].copy_from_slice(&src.octets());
+    header[16..].copy_from_slice(&dst.octets());
+    header
 }
 
 /// The IPv6 header with traffic class, flow label and hop limit masked to all ones.
 fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, udp_len: u16) -> [u8; 40] {
+    // Starts all ones: traffic class + flow label (low nibble of byte 0, bytes 1-3) and hop
+    // limit (byte 7) stay masked.
     let mut header = [0xFF_u8; 40];
-    let [l0, l1] = udp_len.to_be_bytes();
-    header[..8].copy_from_slice(&[0x6F, 0xFF, 0xFF, 0xFF, l0, l1, IPPROTO_UDP, 0xFF]);
+    header[0] = 0x6F; // version 6, traffic class high nibble masked
+    header[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    header[6] = IPPROTO_UDP;
     header[8..24].copy_from_slice(&src.octets());
     header[24..].copy_from_slice(&dst.octets());
     header

@@ -1,0 +1,240 @@
+//! `rdmx perf`: a perftest-style verbs benchmark between two processes over RC queue pairs.
+//!
+//! * [`exchange`]: the TCP side channel (framed, versioned bincode messages);
+//! * [`endpoint`]: per-test verbs resources, QP connection and completion polling;
+//! * [`lat`] / [`bw`]: the measurement loops of both sides;
+//! * [`server`] / [`client`]: the two roles (and `--local`, which runs both);
+//! * [`report`]: statistics, the table / JSON output and the progress line.
+
+mod bw;
+mod client;
+mod endpoint;
+mod exchange;
+mod lat;
+mod report;
+mod server;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Args, ValueEnum};
+use rdmx::verbs::{Context, Device};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, ResultExt};
+
+/// Largest message size accepted (both from the command line and from a peer).
+pub(crate) const MAX_SIZE: u64 = 1 << 30;
+/// Largest iteration count accepted from a peer.
+pub(crate) const MAX_ITERS: u64 = 1 << 40;
+/// Largest `--tx-depth`.
+pub(crate) const MAX_TX_DEPTH: u32 = 8192;
+
+/// The benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize, Deserialize)]
+#[value(rename_all = "snake_case")]
+pub(crate) enum TestKind {
+    /// Send/receive ping-pong; one-way latency (RTT/2).
+    SendLat,
+    /// RDMA WRITE ping-pong; one-way latency (RTT/2).
+    WriteLat,
+    /// RDMA READ round trips; latency is the full round trip.
+    ReadLat,
+    /// Atomic fetch-and-add round trips; latency is the full round trip.
+    AtomicLat,
+    /// Streaming sends.
+    SendBw,
+    /// Streaming RDMA WRITEs.
+    WriteBw,
+    /// Streaming RDMA READs.
+    ReadBw,
+}
+
+impl TestKind {
+    /// The name used on the command line and in reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::SendLat => "send_lat",
+            Self::WriteLat => "write_lat",
+            Self::ReadLat => "read_lat",
+            Self::AtomicLat => "atomic_lat",
+            Self::SendBw => "send_bw",
+            Self::WriteBw => "write_bw",
+            Self::ReadBw => "read_bw",
+        }
+    }
+
+    /// Latency test (as opposed to a bandwidth test).
+    pub(crate) fn is_lat(self) -> bool {
+        matches!(self, Self::SendLat | Self::WriteLat | Self::ReadLat | Self::AtomicLat)
+    }
+
+    /// Tests whose server side only has to stay alive (one-sided operations).
+    pub(crate) fn is_one_sided(self) -> bool {
+        matches!(self, Self::ReadLat | Self::AtomicLat | Self::WriteBw | Self::ReadBw)
+    }
+}
+
+/// Transport to benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Transport {
+    /// Reliable connected queue pairs.
+    Rc,
+    /// Unreliable datagram (not implemented yet).
+    Ud,
+}
+
+/// Options of `rdmx perf`.
+#[derive(Debug, Args)]
+pub(crate) struct PerfArgs {
+    /// Run the server side: listen on TCP and serve test runs one after another.
+    #[arg(long)]
+    server: bool,
+    /// Run the client side against the server at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    connect: Option<String>,
+    /// Run the client against a server started as a child process of this one.
+    #[arg(long)]
+    local: bool,
+    /// Server: exit after one connection.
+    #[arg(long)]
+    once: bool,
+    /// Server: TCP port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 18515)]
+    port: u16,
+    /// Server: address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Server: print the bound TCP port on stdout (first line) once listening.
+    #[arg(long)]
+    print_port: bool,
+    /// Test to run.
+    #[arg(long, short = 't', value_enum)]
+    test: Option<TestKind>,
+    /// Message size(s) in bytes (K/M/G suffixes allowed); repeat or comma-separate to run
+    /// several sizes [default: 8 for latency tests, 65536 for bandwidth tests].
+    #[arg(long, short = 's', value_delimiter = ',', value_parser = parse_size)]
+    size: Vec<u64>,
+    /// Measured iterations per size [default: 1000 for latency tests, 5000 for bandwidth].
+    #[arg(long, short = 'n', value_parser = parse_size)]
+    iters: Option<u64>,
+    /// Warm-up iterations, not measured [default: iters/10, at most 100].
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Bandwidth tests: work requests kept outstanding.
+    #[arg(long, default_value_t = 128)]
+    tx_depth: u32,
+    /// Sends and writes up to this size are posted inline.
+    #[arg(long, default_value_t = 64)]
+    inline_size: u32,
+    /// Spin on the completion queue instead of sleeping on the completion channel.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Print one JSON object per result line.
+    #[arg(long)]
+    json: bool,
+    /// RDMA device [default: $RDMX_DEVICE or the first listed device].
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// Transport.
+    #[arg(long, value_enum, default_value_t = Transport::Rc)]
+    transport: Transport,
+}
+
+/// Parses `4096`, `4K`, `64k`, `1M`, `1G` (binary multiples).
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a number (e.g. 4096, 64K, 1M)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Runs `rdmx perf`.
+pub(crate) fn run(args: &PerfArgs) -> Result<()> {
+    if args.transport != Transport::Rc {
+        return Err(Error::msg(
+            "--transport ud is not supported yet; only rc (reliable connected) is available",
+        ));
+    }
+    let modes = usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());
+    if modes != 1 {
+        return Err(Error::msg("give exactly one of --server, --connect HOST:PORT or --local"));
+    }
+    if args.server {
+        return server::run(&server::ServerConfig {
+            bind: args.bind,
+            port: args.port,
+            once: args.once,
+            print_port: args.print_port,
+            device: args.device.clone(),
+            busy_poll: args.busy_poll,
+        });
+    }
+    let cfg = client::ClientConfig::from_args(args)?;
+    if args.local {
+        client::run_local(&cfg)
+    } else {
+        let target = args.connect.clone().unwrap_or_default();
+        client::run(&cfg, &target)
+    }
+}
+
+/// Opens `name`, or `$RDMX_DEVICE`, or the first listed device.
+pub(crate) fn open_device(name: Option<&str>) -> Result<Context> {
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => match std::env::var("RDMX_DEVICE") {
+            Ok(n) if !n.is_empty() => n,
+            _ => Device::list()
+                .ctx("listing RDMA devices")?
+                .first()
+                .map(|d| d.name().to_string())
+                .ok_or_else(|| Error::msg("no RDMA device found"))?,
+        },
+    };
+    Device::open(&name).with_ctx(|| format!("opening device {name}"))
+}
+
+/// A random 24-bit initial PSN (no RNG crate: std's randomly keyed hasher over the time).
+pub(crate) fn random_psn() -> u32 {
+    let mut h = RandomState::new().build_hasher();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.write_u32(std::process::id());
+    (h.finish() as u32) & 0x00FF_FFFF
+}
+
+/// Seed of the data pattern the client sends.
+pub(crate) const CLIENT_SEED: u8 = 0x3C;
+/// Seed of the data pattern the server sends.
+pub(crate) const SERVER_SEED: u8 = 0xA7;
+
+/// Byte `i` of the test pattern with `seed` (not periodic in 256, so shifted data is caught).
+pub(crate) fn pattern_byte(seed: u8, i: usize) -> u8 {
+    let x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((x >> 56) as u8) ^ seed ^ (i as u8)
+}
+
+/// `len` bytes of the test pattern.
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| pattern_byte(seed, i)).collect()
+}
+
+/// Checks that `data` is the pattern with `seed` (the first `len` bytes).
+pub(crate) fn check_pattern(data: &[u8], seed: u8, what: &str) -> Result<()> {
+    match data.iter().enumerate().find(|&(i, &b)| b != pattern_byte(seed, i)) {
+        None => Ok(()),
+        Some((i, &b)) => Err(Error::msg(format!(
+            "data check failed: {what}: byte {i} of {} is {b:#04x}, expected {:#04x}",
+            data.len(),
+            pattern_byte(seed, i)
+        ))),
+    }
+}
