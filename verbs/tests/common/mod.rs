@@ -1,0 +1,180 @@
+//! Helpers shared by the integration tests: open a device, create an RC QP and connect two
+//! of them.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::time::Duration;
+
+use rdmx_verbs::{
+    AccessFlags, AhAttr, CompletionQueue, Context, Device, MemoryRegion, Mtu, ProtectionDomain,
+    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, WorkCompletion,
+};
+
+/// What a peer needs to connect to a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    pub udp_port: u16,
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+impl PeerInfo {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&self.qpn.to_be_bytes());
+        v.extend_from_slice(&self.psn.to_be_bytes());
+        v.extend_from_slice(&self.gid);
+        v.extend_from_slice(&self.udp_port.to_be_bytes());
+        v.extend_from_slice(&self.addr.to_be_bytes());
+        v.extend_from_slice(&self.rkey.to_be_bytes());
+        v
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Self {
+        let u32_at = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().unwrap());
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[8..24]);
+        Self {
+            qpn: u32_at(0),
+            psn: u32_at(4),
+            gid,
+            udp_port: u16::from_be_bytes(b[24..26].try_into().unwrap()),
+            addr: u64::from_be_bytes(b[26..34].try_into().unwrap()),
+            rkey: u32_at(34),
+        }
+    }
+
+    pub const LEN: usize = 38;
+}
+
+pub struct Side {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+    pub mr: MemoryRegion,
+    pub psn: u32,
+}
+
+impl Side {
+    pub fn new(mem: usize, psn: u32) -> Self {
+        let ctx = Device::open("soft:127.0.0.1").expect("open soft device");
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(1024, None).unwrap();
+        let mut attr = QpInitAttr::rc(&cq, &cq);
+        attr.cap = QpCap {
+            max_send_wr: 512,
+            max_recv_wr: 512,
+            ..QpCap::default()
+        };
+        let qp = pd.create_qp(&attr).unwrap();
+        let mr = pd
+            .reg_mr(
+                mem,
+                AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_ATOMIC,
+            )
+            .unwrap();
+        assert_eq!(qp.qp_type(), QpType::Rc);
+        Self {
+            ctx,
+            pd,
+            cq,
+            qp,
+            mr,
+            psn,
+        }
+    }
+
+    pub fn info(&self) -> PeerInfo {
+        PeerInfo {
+            qpn: self.qp.qp_num().0,
+            psn: self.psn,
+            gid: self.ctx.query_gid(1, 0).unwrap().0,
+            udp_port: self.ctx.port_addr(1).unwrap().port(),
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey().0,
+        }
+    }
+
+    pub fn connect(&self, peer: &PeerInfo) {
+        connect_qp(&self.qp, self.psn, peer, Mtu::Mtu1024, 14);
+    }
+
+    pub fn wait(&self, n: usize) -> Vec<WorkCompletion> {
+        wait_cq(&self.cq, n)
+    }
+}
+
+pub fn connect_qp(qp: &QueuePair, my_psn: u32, peer: &PeerInfo, mtu: Mtu, timeout: u8) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: AhAttr::new(rdmx_verbs::Gid(peer.gid)).with_udp_port(peer.udp_port),
+        path_mtu: mtu,
+        dest_qp_num: peer.qpn,
+        rq_psn: peer.psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 12,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: my_psn,
+        max_rd_atomic: 16,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &rts,
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+/// Waits (blocking, bounded) for `n` completions.
+pub fn wait_cq(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut buf = [WorkCompletion::EMPTY; 32];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "timed out waiting for {n} completions (got {})",
+            out.len()
+        );
+        let k = cq
+            .poll_blocking(&mut buf[..(n - out.len()).min(32)], left)
+            .unwrap();
+        out.extend_from_slice(&buf[..k]);
+    }
+    out
+}

@@ -1,0 +1,230 @@
+//! RC over the soft provider on loopback, through the public API: one process with two
+//! devices, and two processes (the test binary re-runs itself as the peer).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{PeerInfo, Side};
+use rdmx_verbs::{RecvWr, SendWr, WcOpcode, WcStatus, WrOpcode};
+
+#[test]
+fn one_process_two_devices_all_operations() {
+    let a = Side::new(1 << 20, 1000);
+    let b = Side::new(1 << 20, 0x00FF_FFFE); // PSN wrap right away
+    a.connect(&b.info());
+    b.connect(&a.info());
+    exercise(&a, &b.info(), |n| b.wait(n), &b);
+}
+
+/// Sends, writes, reads and atomics from `a` to the peer described by `peer`. `remote`
+/// gives access to the peer's memory for checking.
+fn exercise(
+    a: &Side,
+    peer: &PeerInfo,
+    wait_peer: impl Fn(usize) -> Vec<rdmx_verbs::WorkCompletion>,
+    b: &Side,
+) {
+    // SEND of 100 KiB into a posted receive (multi-packet at MTU 1024).
+    let len = 100 * 1024;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    let r = [b.mr.sge(0, 200 * 1024)];
+    b.qp.post_recv(&RecvWr::new(1, &r)).unwrap();
+    let s = [a.mr.sge(0, len)];
+    a.qp.post_send(&SendWr::send(10, &s).signaled()).unwrap();
+    let wc = a.wait(1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+    let rc = wait_peer(1);
+    assert_eq!(rc[0].byte_len as usize, len);
+    assert_eq!(b.mr.to_vec(0, len).unwrap(), data);
+    // RDMA WRITE then READ back.
+    a.mr.write(300_000, b"written by RDMA").unwrap();
+    let s = [a.mr.sge(300_000, 15)];
+    let w = WrOpcode::RdmaWrite {
+        remote_addr: peer.addr + 500_000,
+        rkey: rdmx_verbs::Rkey(peer.rkey),
+    };
+    a.qp.post_send(&SendWr::new(11, w, &s).signaled()).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let d = [a.mr.sge(400_000, 15)];
+    let rd = WrOpcode::RdmaRead {
+        remote_addr: peer.addr + 500_000,
+        rkey: rdmx_verbs::Rkey(peer.rkey),
+    };
+    a.qp.post_send(&SendWr::new(12, rd, &d).signaled()).unwrap();
+    let wc = a.wait(1);
+    assert_eq!(
+        (wc[0].status, wc[0].opcode, wc[0].byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 15)
+    );
+    assert_eq!(a.mr.to_vec(400_000, 15).unwrap(), b"written by RDMA");
+    // Atomics on an 8-byte aligned word.
+    let d = [a.mr.sge(600_000, 8)];
+    for i in 0..10u64 {
+        let fa = WrOpcode::AtomicFetchAdd {
+            remote_addr: peer.addr + 700_000,
+            rkey: rdmx_verbs::Rkey(peer.rkey),
+            add: 3,
+        };
+        a.qp.post_send(&SendWr::new(100 + i, fa, &d).signaled())
+            .unwrap();
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+        assert_eq!(a.mr.read_u64(600_000).unwrap(), 3 * i);
+    }
+    let cs = WrOpcode::AtomicCmpSwap {
+        remote_addr: peer.addr + 700_000,
+        rkey: rdmx_verbs::Rkey(peer.rkey),
+        compare: 30,
+        swap: 7,
+    };
+    a.qp.post_send(&SendWr::new(200, cs, &d).signaled())
+        .unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(a.mr.read_u64(600_000).unwrap(), 30);
+    // Inline send with immediate.
+    let r = [b.mr.sge(0, 64)];
+    b.qp.post_recv(&RecvWr::new(2, &r)).unwrap();
+    let mut wr = SendWr::send_inline(13, b"inline!").signaled();
+    wr.opcode = WrOpcode::SendWithImm { imm: 0x0102_0304 };
+    a.qp.post_send(&wr).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let rc = wait_peer(1);
+    assert_eq!(rc[0].imm(), Some(0x0102_0304));
+    assert_eq!(b.mr.to_vec(0, 7).unwrap(), b"inline!");
+    assert_eq!(b.ctx.counters().rx_bad_icrc, 0);
+}
+
+const CHILD_ENV: &str = "RDMX_TEST_CHILD_ADDR";
+
+/// The peer process: connects back to the parent over TCP, exchanges QP info, serves.
+#[test]
+#[ignore = "run by two_processes_exchange_sends_writes_reads_and_atomics as a child"]
+fn child_peer() {
+    let Ok(addr) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let b = Side::new(1 << 20, 0x1234);
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    tcp.write_all(&b.info().to_bytes()).unwrap();
+    let mut buf = [0u8; PeerInfo::LEN];
+    tcp.read_exact(&mut buf).unwrap();
+    let a = PeerInfo::from_bytes(&buf);
+    b.connect(&a);
+    // Receive 1000 messages and echo each back; then wait for the parent to say done.
+    for i in 0..1000u64 {
+        let r = [b.mr.sge(0, 4096)];
+        b.qp.post_recv(&RecvWr::new(i, &r)).unwrap();
+        let wc = b.wait(1);
+        assert_eq!(wc[0].status, WcStatus::Success);
+        let n = wc[0].byte_len as usize;
+        let s = [b.mr.sge(0, n)];
+        b.qp.post_send(&SendWr::send(i, &s).signaled()).unwrap();
+        assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    }
+    let mut done = [0u8; 1];
+    tcp.read_exact(&mut done).unwrap();
+    // The parent wrote into our memory and did atomics on it.
+    assert_eq!(b.mr.to_vec(500_000, 5).unwrap(), b"hello");
+    assert_eq!(b.mr.read_u64(700_000).unwrap(), 5000);
+    tcp.write_all(b"k").unwrap();
+}
+
+#[test]
+fn two_processes_exchange_sends_writes_reads_and_atomics() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_peer", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, addr.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let result = std::panic::catch_unwind(|| {
+        let (mut tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let a = Side::new(1 << 20, 0x00FF_FF00);
+        let mut buf = [0u8; PeerInfo::LEN];
+        tcp.read_exact(&mut buf).unwrap();
+        let b = PeerInfo::from_bytes(&buf);
+        tcp.write_all(&a.info().to_bytes()).unwrap();
+        a.connect(&b);
+        for i in 0..1000u64 {
+            let len = 1 + (i as usize * 37) % 4000;
+            let msg: Vec<u8> = (0..len).map(|k| (k as u64 ^ i) as u8).collect();
+            a.mr.write(8192, &msg).unwrap();
+            let r = [a.mr.sge(16384, 4096)];
+            a.qp.post_recv(&RecvWr::new(i, &r)).unwrap();
+            let s = [a.mr.sge(8192, len)];
+            a.qp.post_send(&SendWr::send(i, &s).signaled()).unwrap();
+            let wcs = a.wait(2);
+            assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+            assert_eq!(a.mr.to_vec(16384, len).unwrap(), msg, "echo {i}");
+        }
+        a.mr.write(0, b"hello").unwrap();
+        let s = [a.mr.sge(0, 5)];
+        let rk = rdmx_verbs::Rkey(b.rkey);
+        a.qp.post_send(
+            &SendWr::new(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: b.addr + 500_000,
+                    rkey: rk,
+                },
+                &s,
+            )
+            .signaled(),
+        )
+        .unwrap();
+        let d = [a.mr.sge(64, 5)];
+        a.qp.post_send(
+            &SendWr::new(
+                2,
+                WrOpcode::RdmaRead {
+                    remote_addr: b.addr + 500_000,
+                    rkey: rk,
+                },
+                &d,
+            )
+            .signaled(),
+        )
+        .unwrap();
+        let d8 = [a.mr.sge(128, 8)];
+        for i in 0..5u64 {
+            a.qp.post_send(
+                &SendWr::new(
+                    3 + i,
+                    WrOpcode::AtomicFetchAdd {
+                        remote_addr: b.addr + 700_000,
+                        rkey: rk,
+                        add: 1000,
+                    },
+                    &d8,
+                )
+                .signaled(),
+            )
+            .unwrap();
+        }
+        let wcs = a.wait(7);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        assert_eq!(a.mr.to_vec(64, 5).unwrap(), b"hello");
+        assert_eq!(a.mr.read_u64(128).unwrap(), 4000);
+        tcp.write_all(b"d").unwrap();
+        let mut ok = [0u8; 1];
+        tcp.read_exact(&mut ok).unwrap();
+    });
+    let status = if result.is_ok() {
+        child.wait().unwrap()
+    } else {
+        let _ = child.kill();
+        child.wait().unwrap()
+    };
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    assert!(status.success(), "peer process failed: {status}");
+}
