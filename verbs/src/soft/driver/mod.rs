@@ -32,8 +32,13 @@ use sys::EventFd;
 pub(crate) const HANDOFF_NS: u64 = 2_000_000;
 /// Largest UDP payload we send or accept (4096 MTU + headers + pad + ICRC, rounded up).
 const MAX_PACKET: usize = 4096 + 256;
-/// Datagrams read per socket per progress call.
-const RX_BATCH: usize = 64;
+/// Receive buffers per progress call (each holds one GRO batch of up to 64 KiB).
+const RX_BATCH: usize = 16;
+/// Size of one receive buffer.
+const RX_BUF: usize = 65_536 + 1024;
+/// Largest GSO batch: segments and bytes.
+const GSO_MAX_SEGS: usize = 64;
+const GSO_MAX_BYTES: usize = 65_000;
 /// Socket buffer size requested (bytes).
 const SOCKET_BUFFER: i32 = 16 << 20;
 
@@ -84,6 +89,7 @@ pub(crate) struct Shared {
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
     tx_errors: AtomicU64,
+    gso: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -122,6 +128,9 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
     sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
     s.bind(&addr.into()).map_err(io("bind"))?;
     s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
+    if !sys::enable_gro(s.as_raw_fd()) {
+        tracing::debug!("UDP GRO not available on {addr}");
+    }
     Ok(s.into())
 }
 
@@ -156,7 +165,7 @@ impl Shared {
             nic: Mutex::new(Nic::new(cfg)),
             tx: Mutex::new(TxBatch::default()),
             rx: Mutex::new(RxState {
-                bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_PACKET]).collect(),
+                bufs: (0..RX_BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
             }),
             sockets,
             addrs: bound,
@@ -169,6 +178,7 @@ impl Shared {
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new().map_err(io("eventfd"))?,
             tx_errors: AtomicU64::new(0),
+            gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
             thread: Mutex::new(None),
         });
         let weak = Arc::downgrade(&shared);
@@ -264,25 +274,63 @@ impl Shared {
         }
         drop(nic);
         let pcap = pcap();
-        let ts = if pcap.is_some() {
-            Some(std::time::SystemTime::now())
-        } else {
-            None
-        };
         let TxBatch { bufs, meta } = &mut *tx;
-        for (i, &(port, dst, len)) in meta.iter().enumerate() {
-            let Some(sock) = self.sockets.get(port) else {
-                continue;
-            };
-            let data = &bufs[i][..len];
-            if let (Some(p), Some(ts)) = (pcap, ts) {
+        if let Some(p) = pcap {
+            let ts = std::time::SystemTime::now();
+            let mut p = p.lock();
+            for (i, &(port, dst, len)) in meta.iter().enumerate() {
                 let src = self.addrs[port];
                 let dst4791 = SocketAddr::new(dst.ip(), crate::soft::wire::ROCE_UDP_PORT);
-                let _ = p.lock().write_frame(ts, src, dst4791, data);
+                let _ = p.write_frame(ts, src, dst4791, &bufs[i][..len]);
             }
-            if sock.send_to(data, dst).is_err() {
-                self.tx_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut i = 0;
+        while i < meta.len() {
+            let (port, dst, len) = meta[i];
+            // A run of packets to one destination, all of one size but the last: one GSO
+            // send (every segment is a complete RoCE packet).
+            let mut j = i + 1;
+            let mut total = len;
+            if self.gso.load(Ordering::Relaxed) {
+                while j < meta.len()
+                    && j - i < GSO_MAX_SEGS
+                    && meta[j].0 == port
+                    && meta[j].1 == dst
+                    && meta[j].2 <= len
+                    && total + meta[j].2 <= GSO_MAX_BYTES
+                {
+                    total += meta[j].2;
+                    j += 1;
+                    if meta[j - 1].2 < len {
+                        break;
+                    }
+                }
             }
+            let Some(sock) = self.sockets.get(port) else {
+                i = j;
+                continue;
+            };
+            if j - i >= 2 {
+                let segs: Vec<&[u8]> = (i..j).map(|k| &bufs[k][..meta[k].2]).collect();
+                let to = socket2::SockAddr::from(dst);
+                match sys::send_gso(sock.as_raw_fd(), &to, &segs, len as u16) {
+                    Ok(_) => {
+                        i = j;
+                        continue;
+                    }
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                        tracing::debug!("UDP GSO unavailable ({e}); sending packets one by one");
+                        self.gso.store(false, Ordering::Relaxed);
+                    }
+                    Err(_) => {}
+                }
+            }
+            for k in i..j {
+                if sock.send_to(&bufs[k][..meta[k].2], meta[k].1).is_err() {
+                    self.tx_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            i = j;
         }
         meta.clear();
         drop(tx);
@@ -311,13 +359,19 @@ impl Shared {
         let Some(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        let mut got: Vec<(usize, SocketAddr, usize)> = Vec::new();
+        // (port, source, buffer, offset, length) of every datagram read.
+        let mut got: Vec<(usize, SocketAddr, usize, usize, usize)> = Vec::new();
         let mut slot = 0;
         for (port, sock) in self.sockets.iter().enumerate() {
             while slot < rx.bufs.len() {
-                match sock.recv_from(&mut rx.bufs[slot]) {
-                    Ok((len, src)) => {
-                        got.push((port, src, len));
+                match sys::recv_gro(sock.as_raw_fd(), &mut rx.bufs[slot]) {
+                    Ok((len, src, seg)) => {
+                        let mut off = 0;
+                        while off < len {
+                            let n = seg.min(len - off);
+                            got.push((port, src, slot, off, n));
+                            off += n;
+                        }
                         slot += 1;
                     }
                     Err(_) => break,
@@ -327,14 +381,10 @@ impl Shared {
         let now = self.now();
         let mut nic = self.nic.lock();
         let pcap = pcap();
-        let ts = if pcap.is_some() && !got.is_empty() {
-            Some(std::time::SystemTime::now())
-        } else {
-            None
-        };
+        let ts = (pcap.is_some() && !got.is_empty()).then(std::time::SystemTime::now);
         let mut handled = 0;
-        for (i, &(port, src, len)) in got.iter().enumerate() {
-            let data = &rx.bufs[i][..len];
+        for &(port, src, b, off, len) in &got {
+            let data = &rx.bufs[b][off..off + len];
             if let (Some(p), Some(ts)) = (pcap, ts) {
                 let dst = SocketAddr::new(self.addrs[port].ip(), crate::soft::wire::ROCE_UDP_PORT);
                 let _ = p.lock().write_frame(ts, src, dst, data);

@@ -155,3 +155,141 @@ pub(crate) fn random_u64() -> u64 {
         t ^ (&raw const v as usize as u64).rotate_left(32)
     }
 }
+
+/// `SOL_UDP` / `UDP_SEGMENT` / `UDP_GRO` (linux/udp.h).
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+/// Enables UDP GRO on a receive socket: the kernel may hand several datagrams of one flow
+/// over in one buffer, with the segment size in a control message.
+pub(crate) fn enable_gro(fd: RawFd) -> bool {
+    setsockopt_int(fd, SOL_UDP, UDP_GRO, 1).is_ok()
+}
+
+/// Sends the concatenation of `segs` to `dst` as one UDP GSO batch: the kernel cuts it into
+/// datagrams of `seg_size` bytes (the last may be shorter). Every slice but the last must be
+/// exactly `seg_size` long.
+pub(crate) fn send_gso(
+    fd: RawFd,
+    dst: &socket2::SockAddr,
+    segs: &[&[u8]],
+    seg_size: u16,
+) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = segs
+        .iter()
+        .map(|s| libc::iovec {
+            iov_base: s.as_ptr() as *mut libc::c_void,
+            iov_len: s.len(),
+        })
+        .collect();
+    // Room for one cmsg carrying a u16, 8-byte aligned.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+    // SAFETY: an all-zero msghdr is a valid empty header; we fill the fields below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = dst.as_ptr() as *mut libc::c_void;
+    msg.msg_namelen = dst.len();
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    msg.msg_control = cbuf.as_mut_ptr().cast::<libc::c_void>();
+    msg.msg_controllen = space;
+    // SAFETY: msg_control points at `cbuf`, which is at least `space` bytes and aligned for
+    // cmsghdr, so the first header and its data are inside it.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(&raw const msg);
+        if cm.is_null() {
+            return Err(io::Error::other("no room for the GSO control message"));
+        }
+        (*cm).cmsg_level = SOL_UDP;
+        (*cm).cmsg_type = UDP_SEGMENT;
+        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg_size);
+    }
+    // SAFETY: `msg` points at live iovecs, address and control buffer for the whole call.
+    let n = unsafe { libc::sendmsg(fd, &raw const msg, 0) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Receives one (possibly GRO-coalesced) buffer without blocking. Returns the length, the
+/// source and the segment size (equal to the length when not coalesced).
+pub(crate) fn recv_gro(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, std::net::SocketAddr, usize)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast::<libc::c_void>(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: sockaddr_storage is plain data; zero is a valid value.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: as above for msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&raw mut name).cast::<libc::c_void>();
+    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast::<libc::c_void>();
+    msg.msg_controllen = size_of_val(&cbuf);
+    // SAFETY: every pointer in `msg` refers to live buffers of the stated sizes.
+    let n = unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let len = n as usize;
+    let mut seg = len;
+    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
+    // the CMSG_* macros stay within that range.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>());
+                if v > 0 {
+                    seg = v as usize;
+                }
+            }
+            cm = libc::CMSG_NXTHDR(&raw const msg, cm);
+        }
+    }
+    let src =
+        sockaddr_to_std(&name).ok_or_else(|| io::Error::other("datagram from a non-IP address"))?;
+    Ok((len, src, seg.min(len).max(1)))
+}
+
+/// Converts a kernel-filled `sockaddr_storage` to a std address.
+fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which is smaller than
+            // and layout-compatible with the start of sockaddr_storage.
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddrV4::new(ip, u16::from_be(sin.sin_port)).into())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(
+                SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )
+                .into(),
+            )
+        }
+        _ => None,
+    }
+}

@@ -228,6 +228,7 @@ impl Qp {
                 self.resp.reset(Psn::new(self.attr.rq_psn));
             }
             (QpState::Rtr, QpState::Rts) => {
+                self.req.set_window(res.cfg.max_unacked_psns);
                 self.req.reset(Psn::new(self.attr.sq_psn), &self.attr);
             }
             (QpState::Rts, QpState::Sqd) => {
