@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use rdmx_verbs::{
-    AccessFlags, AhAttr, Device, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    RecvWr, Rkey, SendWr, WorkCompletion, WrOpcode,
+    AccessFlags, AhAttr, Device, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, RecvWr,
+    Rkey, SendWr, WorkCompletion, WrOpcode,
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,9 +20,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(4096, None)?;
         let mut a = QpInitAttr::rc(&cq, &cq);
-        a.cap = QpCap { max_send_wr: 1024, max_recv_wr: 1024, ..QpCap::default() };
+        a.cap = QpCap {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            ..QpCap::default()
+        };
         let qp = pd.create_qp(&a)?;
-        let mr = pd.reg_mr(size.max(64), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        let mr = pd.reg_mr(
+            size.max(64),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )?;
         sides.push((ctx, pd, cq, qp, mr));
     }
     for i in 0..2 {
@@ -48,16 +55,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             min_rnr_timer: 1,
             ..QpAttr::default()
         };
-        qp.modify(&rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER)?;
-        let rts = QpAttr { qp_state: QpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, sq_psn: 0, max_rd_atomic: 1, ..QpAttr::default() };
-        qp.modify(&rts, M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC)?;
+        qp.modify(
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: 0,
+            max_rd_atomic: 1,
+            ..QpAttr::default()
+        };
+        qp.modify(
+            &rts,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )?;
     }
     let (a_ctx, _, a_cq, a_qp, a_mr) = &sides[0];
     let (b_ctx, _, b_cq, b_qp, b_mr) = &sides[1];
     let mut wc = [WorkCompletion::EMPTY; 64];
     // Write bandwidth, 16 outstanding.
     let s = [a_mr.sge(0, size)];
-    let op = WrOpcode::RdmaWrite { remote_addr: b_mr.addr(), rkey: Rkey(b_mr.rkey().0) };
+    let op = WrOpcode::RdmaWrite {
+        remote_addr: b_mr.addr(),
+        rkey: Rkey(b_mr.rkey().0),
+    };
     let t = Instant::now();
     let (mut posted, mut done) = (0, 0);
     while done < iters {
@@ -72,8 +102,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         done += n;
     }
     let el = t.elapsed().as_secs_f64();
-    println!("write_bw size={size} iters={iters}: {:.1} MB/s", (size * iters) as f64 / el / 1e6);
-    println!("counters A {:?}\ncounters B {:?}", a_ctx.counters(), b_ctx.counters());
+    println!(
+        "write_bw size={size} iters={iters}: {:.1} MB/s",
+        (size * iters) as f64 / el / 1e6
+    );
+    println!(
+        "counters A {:?}\ncounters B {:?}",
+        a_ctx.counters(),
+        b_ctx.counters()
+    );
     // Send ping-pong latency, 8 bytes, busy poll.
     let n = 20_000;
     let ra = [a_mr.sge(0, 64)];
@@ -89,7 +126,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         a_qp.post_send(&SendWr::send_inline(i as u64, &data))?;
         loop {
             let k = b_cq.poll(&mut wc);
-            if wc[..k].iter().any(|w| w.opcode == rdmx_verbs::WcOpcode::Recv) {
+            if wc[..k]
+                .iter()
+                .any(|w| w.opcode == rdmx_verbs::WcOpcode::Recv)
+            {
                 b_qp.post_recv(&RecvWr::new(0, &rb))?;
                 break;
             }
@@ -97,7 +137,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         b_qp.post_send(&SendWr::send_inline(i as u64, &data))?;
         loop {
             let k = a_cq.poll(&mut wc);
-            if wc[..k].iter().any(|w| w.opcode == rdmx_verbs::WcOpcode::Recv) {
+            if wc[..k]
+                .iter()
+                .any(|w| w.opcode == rdmx_verbs::WcOpcode::Recv)
+            {
                 a_qp.post_recv(&RecvWr::new(0, &ra))?;
                 break;
             }
@@ -105,6 +148,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         lats.push(t.elapsed().as_nanos() as f64 / 2000.0);
     }
     lats.sort_by(|a, b| a.total_cmp(b));
-    println!("send_lat 8B one-way (same process, busy poll): p50 {:.2} us p99 {:.2} us", lats[n / 2], lats[n * 99 / 100]);
+    println!(
+        "send_lat 8B one-way (same process, busy poll): p50 {:.2} us p99 {:.2} us",
+        lats[n / 2],
+        lats[n * 99 / 100]
+    );
     Ok(())
 }

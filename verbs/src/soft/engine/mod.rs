@@ -26,6 +26,8 @@ mod rng;
 mod state;
 
 #[cfg(test)]
+mod hostile;
+#[cfg(test)]
 mod sim;
 
 use std::collections::{HashMap, VecDeque};
@@ -350,6 +352,11 @@ impl Nic {
     /// See [`NicConfig::infinite_retry_at_7`].
     pub fn set_infinite_retry_at_7(&mut self, on: bool) {
         self.res.cfg.infinite_retry_at_7 = on;
+    }
+
+    /// Turns the ICRC check of received packets on or off.
+    pub fn set_verify_icrc(&mut self, on: bool) {
+        self.res.cfg.verify_icrc = on;
     }
 
     /// The counters.
