@@ -362,8 +362,13 @@ impl Shared {
         // (port, source, buffer, offset, length) of every datagram read.
         let mut got: Vec<(usize, SocketAddr, usize, usize, usize)> = Vec::new();
         let mut slot = 0;
+        let mut emptied = true;
         for (port, sock) in self.sockets.iter().enumerate() {
-            while slot < rx.bufs.len() {
+            loop {
+                if slot == rx.bufs.len() {
+                    emptied = false;
+                    break;
+                }
                 match sys::recv_gro(sock.as_raw_fd(), &mut rx.bufs[slot]) {
                     Ok((len, src, seg)) => {
                         let mut off = 0;
@@ -403,6 +408,10 @@ impl Shared {
                 nic.handle_datagram(now, port, src, &frame);
                 handled += 1;
             }
+        }
+        if emptied {
+            // Nothing more to coalesce with: acknowledge now.
+            nic.flush_acks();
         }
         if nic.poll_timeout().is_some_and(|t| t <= now) {
             nic.handle_timeout(now);

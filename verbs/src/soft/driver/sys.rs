@@ -63,16 +63,23 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Res
             revents: 0,
         })
         .collect();
-    let ms: libc::c_int = match timeout {
-        None => -1,
-        Some(d) => {
-            // Round up so that a sub-millisecond timer does not become a busy loop.
-            let ms = d.as_micros().div_ceil(1000);
-            ms.min(i32::MAX as u128) as libc::c_int
-        }
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `pfds` is a live, correctly sized array of pollfd and `tsp` is null or points
+    // at a live timespec for the duration of the call; no signal mask is passed.
+    let n = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            tsp,
+            std::ptr::null(),
+        )
     };
-    // SAFETY: `pfds` is a live, correctly sized array of pollfd for the duration of the call.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {

@@ -319,6 +319,8 @@ pub struct Nic {
     res: Resources,
     qps: HashMap<u32, Qp>,
     tx_ready: VecDeque<u32>,
+    /// QPs that may hold a coalesced ACK (see [`Nic::flush_acks`]).
+    held_acks: Vec<u32>,
     next_pd: u32,
     next_cq: u32,
 }
@@ -339,6 +341,7 @@ impl Nic {
             },
             qps: HashMap::new(),
             tx_ready: VecDeque::new(),
+            held_acks: Vec::new(),
             next_pd: 1,
             next_cq: 1,
         }
@@ -589,7 +592,22 @@ impl Nic {
             return;
         };
         qp.handle_packet(now, &mut self.res, port, src, &hdr, payload);
+        if qp.resp.has_held_ack() && !self.held_acks.contains(&qp.qpn.0) {
+            self.held_acks.push(qp.qpn.0);
+        }
         Self::mark_ready(&mut self.tx_ready, qp);
+    }
+
+    /// Releases every ACK held back for coalescing. A driver calls this when it has drained
+    /// its sockets (no more packets to coalesce with); without it, held ACKs go out after
+    /// at most `ACK_DELAY_NS` through `handle_timeout`.
+    pub fn flush_acks(&mut self) {
+        for qpn in std::mem::take(&mut self.held_acks) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.resp.release_ack();
+                Self::mark_ready(&mut self.tx_ready, qp);
+            }
+        }
     }
 
     /// Handles expired timers (retransmission, RNR wait). Harmless when nothing expired.

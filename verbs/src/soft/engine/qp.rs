@@ -580,9 +580,20 @@ impl Qp {
         }
     }
 
-    /// Earliest timer deadline.
+    /// Earliest timer deadline (requester timers and the responder's held ACK).
     pub(crate) fn next_timeout(&self) -> Option<u64> {
-        self.req.next_timeout()
+        match (self.req.next_timeout(), self.resp.ack_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs expired timers.
+    pub(crate) fn handle_timeout(&mut self, now: u64, res: &mut Resources) {
+        if self.resp.ack_deadline().is_some_and(|t| t <= now) {
+            self.resp.release_ack();
+        }
+        self.handle_req_timeout(now, res);
     }
 
     /// Writes the next packet of this QP: responses first (they unblock the peer), then

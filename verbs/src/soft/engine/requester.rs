@@ -656,7 +656,7 @@ impl Qp {
     }
 
     /// Local ACK timer or RNR wait expired.
-    pub(crate) fn handle_timeout(&mut self, now: u64, res: &mut Resources) {
+    pub(crate) fn handle_req_timeout(&mut self, now: u64, res: &mut Resources) {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
             self.req.arm_rto(now);

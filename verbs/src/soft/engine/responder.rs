@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::qp::{Qp, RecvWqe};
 use super::{AsyncEvent, Resources, Seg, Transmit, scatter};
 use crate::mem::RegisteredMemory;
-use crate::soft::wire::{AethKind, AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode};
+use crate::soft::wire::{AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode};
 use crate::soft::wire::{PacketHeaders, RethRepr};
 use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
 
@@ -77,7 +77,20 @@ pub(crate) struct Responder {
     cur: Option<Inbound>,
     resources: VecDeque<RdAtomic>,
     pub(crate) out: VecDeque<RespOut>,
+    /// A coalesced ACK not yet released to `out`, with when it was first held and how many
+    /// AckReq packets it answers.
+    held: Option<(Psn, AethRepr)>,
+    held_since: u64,
+    held_reqs: u32,
+    last_released: Psn,
 }
+
+/// Longest time an ACK is held back for coalescing (well below any local ACK timeout).
+pub(crate) const ACK_DELAY_NS: u64 = 20_000;
+/// Release a held ACK once it answers this many AckReq packets…
+const ACK_EVERY_REQS: u32 = 16;
+/// …or covers this many PSNs since the last one released.
+const ACK_EVERY_PSNS: i32 = 64;
 
 impl Responder {
     pub(crate) fn reset(&mut self, epsn: Psn) {
@@ -87,6 +100,35 @@ impl Responder {
         self.cur = None;
         self.resources.clear();
         self.out.clear();
+        self.held = None;
+        self.held_reqs = 0;
+        self.last_released = epsn.sub(1);
+    }
+
+    /// True while an ACK is held back for coalescing.
+    pub(crate) fn has_held_ack(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// When a held ACK must go out.
+    pub(crate) fn ack_deadline(&self) -> Option<u64> {
+        self.held
+            .map(|_| self.held_since.saturating_add(ACK_DELAY_NS))
+    }
+
+    /// Moves the held ACK (if any) to the output queue.
+    pub(crate) fn release_ack(&mut self) {
+        if let Some((psn, aeth)) = self.held.take() {
+            self.out.push_back(RespOut::Ack { psn, aeth });
+            self.last_released = psn;
+            self.held_reqs = 0;
+        }
+    }
+
+    /// Queues a response other than a plain ACK, after any held ACK (order matters).
+    fn push_out(&mut self, item: RespOut) {
+        self.release_ack();
+        self.out.push_back(item);
     }
 
     /// Key fields, for debugging.
@@ -101,23 +143,31 @@ impl Responder {
         )
     }
 
-    fn push_ack(&mut self, psn: Psn) {
+    /// Acknowledges everything up to `psn`, coalescing with a held ACK (spec §5.3: an ACK
+    /// covers all earlier PSNs; AckReq is answered within `ACK_DELAY_NS`).
+    fn push_ack(&mut self, now: u64, psn: Psn) {
         let aeth = AethRepr::ack(self.msn);
-        if let Some(RespOut::Ack { psn: p, aeth: a }) = self.out.back_mut() {
-            if matches!(a.kind(), AethKind::Ack { .. }) && !psn.before(*p) {
-                *p = psn;
-                *a = aeth;
-                return;
+        match &mut self.held {
+            Some((p, a)) => {
+                if !psn.before(*p) {
+                    *p = psn;
+                    *a = aeth;
+                }
+            }
+            None => {
+                self.held = Some((psn, aeth));
+                self.held_since = now;
             }
         }
-        self.out.push_back(RespOut::Ack { psn, aeth });
+        self.held_reqs += 1;
+        if self.held_reqs >= ACK_EVERY_REQS || psn.diff(self.last_released) >= ACK_EVERY_PSNS {
+            self.release_ack();
+        }
     }
 
     fn push_nak(&mut self, psn: Psn, code: NakCode) {
-        self.out.push_back(RespOut::Ack {
-            psn,
-            aeth: AethRepr::nak(code, self.msn),
-        });
+        let aeth = AethRepr::nak(code, self.msn);
+        self.push_out(RespOut::Ack { psn, aeth });
     }
 
     fn remember(&mut self, r: RdAtomic, max: u8) {
@@ -168,7 +218,7 @@ impl Qp {
     /// Handles a request packet (SEND, WRITE, READ request, atomic).
     pub(crate) fn handle_request(
         &mut self,
-        _now: u64,
+        now: u64,
         res: &mut Resources,
         hdr: &PacketHeaders,
         payload: &[u8],
@@ -187,15 +237,15 @@ impl Qp {
             return;
         }
         if d < 0 {
-            self.handle_duplicate(res, psn, hdr);
+            self.handle_duplicate(now, res, psn, hdr);
             return;
         }
         self.resp.nak_sent = false;
         let op = hdr.bth.opcode.operation();
         let mtu = self.mtu();
         match op {
-            0x00..=0x05 | 0x16 | 0x17 => self.recv_send(res, psn, hdr, payload, mtu),
-            0x06..=0x0B => self.recv_write(res, psn, hdr, payload, mtu),
+            0x00..=0x05 | 0x16 | 0x17 => self.recv_send(now, res, psn, hdr, payload, mtu),
+            0x06..=0x0B => self.recv_write(now, res, psn, hdr, payload, mtu),
             0x0C => self.recv_read(res, psn, hdr, mtu),
             0x13 | 0x14 => self.recv_atomic(res, psn, hdr),
             _ => self.responder_error(res, psn, Violation::InvalidRequest),
@@ -204,6 +254,7 @@ impl Qp {
 
     fn recv_send(
         &mut self,
+        now: u64,
         res: &mut Resources,
         psn: Psn,
         hdr: &PacketHeaders,
@@ -236,7 +287,7 @@ impl Qp {
             let Some(wqe) = self.resp.rq.front() else {
                 res.counters.rnr_naks_sent += 1;
                 let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
-                self.resp.out.push_back(RespOut::Ack { psn, aeth });
+                self.resp.push_out(RespOut::Ack { psn, aeth });
                 return;
             };
             let Some(segs) = res.resolve(self.pd, &wqe.sges, true) else {
@@ -291,12 +342,13 @@ impl Qp {
         }
         self.resp.epsn = psn.add(1);
         if hdr.bth.ack_req {
-            self.resp.push_ack(psn);
+            self.resp.push_ack(now, psn);
         }
     }
 
     fn recv_write(
         &mut self,
+        now: u64,
         res: &mut Resources,
         psn: Psn,
         hdr: &PacketHeaders,
@@ -329,7 +381,7 @@ impl Qp {
         if with_imm && self.resp.rq.is_empty() {
             res.counters.rnr_naks_sent += 1;
             let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
-            self.resp.out.push_back(RespOut::Ack { psn, aeth });
+            self.resp.push_out(RespOut::Ack { psn, aeth });
             return;
         }
         if first {
@@ -399,7 +451,7 @@ impl Qp {
         }
         self.resp.epsn = psn.add(1);
         if hdr.bth.ack_req {
-            self.resp.push_ack(psn);
+            self.resp.push_ack(now, psn);
         }
     }
 
@@ -440,7 +492,7 @@ impl Qp {
             },
             self.attr.max_dest_rd_atomic,
         );
-        self.resp.out.push_back(RespOut::Read(ReadJob {
+        self.resp.push_out(RespOut::Read(ReadJob {
             first: psn,
             mem,
             off,
@@ -484,12 +536,12 @@ impl Qp {
         self.resp
             .remember(RdAtomic::Atomic { psn, orig }, self.attr.max_dest_rd_atomic);
         self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
-        self.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+        self.resp.push_out(RespOut::AtomicAck { psn, orig });
         self.resp.epsn = psn.add(1);
     }
 
     /// A request behind `epsn`: re-ACK, re-execute a READ, or replay an atomic result.
-    fn handle_duplicate(&mut self, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
+    fn handle_duplicate(&mut self, now: u64, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
         res.counters.rx_duplicates += 1;
         let op = hdr.bth.opcode.operation();
         if std::env::var("RDMX_TRACE").is_ok() {
@@ -540,7 +592,7 @@ impl Qp {
                 self.resp
                     .out
                     .retain(|o| !matches!(o, RespOut::Read(j) if j.first == first));
-                self.resp.out.push_back(RespOut::Read(ReadJob {
+                self.resp.push_out(RespOut::Read(ReadJob {
                     first,
                     mem,
                     off,
@@ -555,13 +607,15 @@ impl Qp {
                     _ => None,
                 });
                 match found {
-                    Some(orig) => self.resp.out.push_back(RespOut::AtomicAck { psn, orig }),
+                    Some(orig) => self.resp.push_out(RespOut::AtomicAck { psn, orig }),
                     None => res.counters.rx_dropped_seq += 1,
                 }
             }
             _ => {
+                // A duplicate means the requester is retrying: answer at once.
                 let e = self.resp.epsn.sub(1);
-                self.resp.push_ack(e);
+                self.resp.push_ack(now, e);
+                self.resp.release_ack();
             }
         }
     }
