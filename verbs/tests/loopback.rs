@@ -141,7 +141,8 @@ fn two_processes_exchange_sends_writes_reads_and_atomics() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_peer", "--ignored", "--nocapture"])
         .env(CHILD_ENV, addr.to_string())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let result = std::panic::catch_unwind(|| {
@@ -217,14 +218,22 @@ fn two_processes_exchange_sends_writes_reads_and_atomics() {
         let mut ok = [0u8; 1];
         tcp.read_exact(&mut ok).unwrap();
     });
-    let status = if result.is_ok() {
-        child.wait().unwrap()
-    } else {
+    if result.is_err() {
         let _ = child.kill();
-        child.wait().unwrap()
-    };
+    }
+    let out = child.wait_with_output().unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if let Err(e) = result {
+        eprintln!("peer output:\n{log}");
         std::panic::resume_unwind(e);
     }
-    assert!(status.success(), "peer process failed: {status}");
+    assert!(
+        out.status.success(),
+        "peer process failed: {}\n{log}",
+        out.status
+    );
 }
