@@ -2,6 +2,7 @@
 //! devices on loopback (the full benchmark is `rdmx perf`).
 //!
 //! `cargo run --release -p rdmx-verbs --example quick_bw -- [size] [iters]`
+#![expect(clippy::disallowed_methods, reason = "a benchmark reads the clock")]
 
 use std::time::Instant;
 

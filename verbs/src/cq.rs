@@ -2,7 +2,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::device::Context;
 use crate::error::VerbsError;
@@ -45,7 +45,7 @@ impl CompletionChannel {
     /// # Errors
     /// `Io` when `poll(2)` fails.
     pub fn wait(&self, timeout: Duration) -> Result<bool, VerbsError> {
-        let start = Instant::now();
+        let start = driver::clock::monotonic();
         let spin = spin_time().min(timeout);
         let dev = self.ctx.dev();
         loop {
@@ -171,7 +171,7 @@ impl CompletionQueue {
         wc: &mut [WorkCompletion],
         timeout: Duration,
     ) -> Result<usize, VerbsError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = driver::clock::monotonic() + timeout;
         loop {
             let n = self.poll(wc);
             if n > 0 {
@@ -182,7 +182,7 @@ impl CompletionQueue {
             if n > 0 {
                 return Ok(n);
             }
-            let now = Instant::now();
+            let now = driver::clock::monotonic();
             if now >= deadline {
                 return Ok(0);
             }

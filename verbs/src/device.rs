@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::error::VerbsError;
@@ -245,12 +245,12 @@ impl Context {
 
     /// Returns the next asynchronous event, waiting up to `timeout` (`ibv_get_async_event`).
     pub fn get_async_event(&self, timeout: Duration) -> Option<AsyncEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = driver::clock::monotonic() + timeout;
         loop {
             if let Some(e) = self.dev().pop_event() {
                 return Some(e);
             }
-            let now = Instant::now();
+            let now = driver::clock::monotonic();
             if now >= deadline {
                 return None;
             }

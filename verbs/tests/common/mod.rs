@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests: open a device, create an RC QP and connect two
 //! of them.
 #![allow(dead_code, unreachable_pub, missing_docs)]
+#![expect(
+    clippy::disallowed_methods,
+    reason = "tests bound their waits with the clock"
+)]
 
 use std::time::Duration;
 
@@ -21,7 +25,7 @@ pub struct PeerInfo {
 }
 
 impl PeerInfo {
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub fn to_bytes(self) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&self.qpn.to_be_bytes());
         v.extend_from_slice(&self.psn.to_be_bytes());

@@ -10,6 +10,24 @@
 pub(crate) mod pcap;
 pub(crate) mod sys;
 
+/// The only place the soft provider reads clocks: the engine is sans-I/O and takes `now`
+/// as an argument (clippy.toml bans the clock calls everywhere else).
+pub(crate) mod clock {
+    use std::time::{Instant, SystemTime};
+
+    /// Monotonic time, for the engine and for bounded waits.
+    #[expect(clippy::disallowed_methods, reason = "the driver owns the clock")]
+    pub(crate) fn monotonic() -> Instant {
+        Instant::now()
+    }
+
+    /// Wall-clock time, for capture timestamps.
+    #[expect(clippy::disallowed_methods, reason = "the driver owns the clock")]
+    pub(crate) fn wall() -> SystemTime {
+        SystemTime::now()
+    }
+}
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -169,7 +187,7 @@ impl Shared {
             }),
             sockets,
             addrs: bound,
-            epoch: Instant::now(),
+            epoch: clock::monotonic(),
             last_poll: AtomicU64::new(0),
             wake: EventFd::new().map_err(io("eventfd"))?,
             shutdown: AtomicBool::new(false),
@@ -276,7 +294,7 @@ impl Shared {
         let pcap = pcap();
         let TxBatch { bufs, meta } = &mut *tx;
         if let Some(p) = pcap {
-            let ts = std::time::SystemTime::now();
+            let ts = clock::wall();
             let mut p = p.lock();
             for (i, &(port, dst, len)) in meta.iter().enumerate() {
                 let src = self.addrs[port];
@@ -386,7 +404,7 @@ impl Shared {
         let now = self.now();
         let mut nic = self.nic.lock();
         let pcap = pcap();
-        let ts = (pcap.is_some() && !got.is_empty()).then(std::time::SystemTime::now);
+        let ts = (pcap.is_some() && !got.is_empty()).then(clock::wall);
         let mut handled = 0;
         for &(port, src, b, off, len) in &got {
             let data = &rx.bufs[b][off..off + len];

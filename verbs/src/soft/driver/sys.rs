@@ -20,9 +20,8 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor we own exclusively.
-        Ok(Self {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd })
     }
 
     /// Makes the fd readable (wakes a `poll` on it).

@@ -575,12 +575,9 @@ impl Nic {
                 return;
             }
         }
-        let (hdr, payload) = match PacketHeaders::parse(data) {
-            Ok(v) => v,
-            Err(_) => {
-                self.res.counters.rx_malformed += 1;
-                return;
-            }
+        let Ok((hdr, payload)) = PacketHeaders::parse(data) else {
+            self.res.counters.rx_malformed += 1;
+            return;
         };
         if hdr.bth.opcode.transport() != Transport::Rc {
             // UD, UC, XRC and CNPs are not handled by this version of the engine.
