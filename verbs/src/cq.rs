@@ -138,12 +138,14 @@ impl CompletionQueue {
     /// around `poll` is the busy-poll mode.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
         let dev = self.inner.ctx.dev();
-        let n = dev.with_nic(|n, _| n.poll_cq(self.inner.id, wc));
+        let n = dev.poll_cq(self.inner.id, wc);
         if n > 0 {
             return n;
         }
-        dev.progress();
-        dev.with_nic(|n, _| n.poll_cq(self.inner.id, wc))
+        if dev.progress() == 0 {
+            return 0;
+        }
+        dev.poll_cq(self.inner.id, wc)
     }
 
     /// Arms the CQ: the channel fires at the next completion (or next solicited one)

@@ -233,6 +233,11 @@ impl Shared {
         self.tx_errors.load(Ordering::Relaxed)
     }
 
+    /// Pops completions of CQ `cq` (this never produces packets, so no flush).
+    pub(crate) fn poll_cq(&self, cq: u32, wc: &mut [crate::types::WorkCompletion]) -> usize {
+        self.nic.lock().poll_cq(cq, wc)
+    }
+
     /// Runs `f` on the NIC, then sends whatever it produced.
     pub(crate) fn with_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R) -> R {
         let mut nic = self.nic.lock();
@@ -403,8 +408,26 @@ impl Shared {
         }
         let now = self.now();
         let mut nic = self.nic.lock();
+        if got.is_empty() {
+            // An idle poll: nothing more to coalesce with, so acknowledge now (doing it here,
+            // not right after the packets were handled, keeps the ACK off the latency path:
+            // the application sees its completion, and may answer, first). Then timers.
+            let acks = emptied && nic.has_held_acks();
+            if acks {
+                nic.flush_acks();
+            }
+            let due = nic.poll_timeout().is_some_and(|t| t <= now);
+            if due {
+                nic.handle_timeout(now);
+            }
+            drop(rx);
+            if acks || due {
+                self.flush(nic, now);
+            }
+            return 0;
+        }
         let pcap = pcap();
-        let ts = (pcap.is_some() && !got.is_empty()).then(clock::wall);
+        let ts = pcap.is_some().then(clock::wall);
         let mut handled = 0;
         for &(port, src, b, off, len) in &got {
             let data = &rx.bufs[b][off..off + len];
@@ -427,10 +450,6 @@ impl Shared {
                 handled += 1;
             }
         }
-        if emptied {
-            // Nothing more to coalesce with: acknowledge now.
-            nic.flush_acks();
-        }
         if nic.poll_timeout().is_some_and(|t| t <= now) {
             nic.handle_timeout(now);
         }
@@ -440,9 +459,9 @@ impl Shared {
     }
 
     /// Called by a thread polling a CQ: claims reception for a while and makes progress.
-    pub(crate) fn progress(&self) {
+    pub(crate) fn progress(&self) -> usize {
         self.last_poll.store(self.now().max(1), Ordering::Relaxed);
-        self.drain();
+        self.drain()
     }
 
     /// Called before a poller goes to sleep: hands reception back to the engine thread now.

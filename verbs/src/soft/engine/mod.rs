@@ -595,6 +595,11 @@ impl Nic {
         Self::mark_ready(&mut self.tx_ready, qp);
     }
 
+    /// True when some QP may hold a coalesced ACK.
+    pub fn has_held_acks(&self) -> bool {
+        !self.held_acks.is_empty()
+    }
+
     /// Releases every ACK held back for coalescing. A driver calls this when it has drained
     /// its sockets (no more packets to coalesce with); without it, held ACKs go out after
     /// at most `ACK_DELAY_NS` through `handle_timeout`.
