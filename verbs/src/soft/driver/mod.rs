@@ -51,7 +51,7 @@ pub(crate) const HANDOFF_NS: u64 = 2_000_000;
 /// Largest UDP payload we send or accept (4096 MTU + headers + pad + ICRC, rounded up).
 const MAX_PACKET: usize = 4096 + 256;
 /// Receive buffers per progress call (each holds one GRO batch of up to 64 KiB).
-const RX_BATCH: usize = 16;
+const RX_BATCH: usize = 32;
 /// Size of one receive buffer.
 const RX_BUF: usize = 65_536 + 1024;
 /// Largest GSO batch: segments and bytes.
@@ -88,6 +88,9 @@ struct TxBatch {
 #[derive(Debug)]
 struct RxState {
     bufs: Vec<Vec<u8>>,
+    scratch: sys::RecvScratch,
+    batch: Vec<sys::Received>,
+    got: Vec<(usize, SocketAddr, usize, usize, usize)>,
 }
 
 /// A running soft device.
@@ -184,6 +187,9 @@ impl Shared {
             tx: Mutex::new(TxBatch::default()),
             rx: Mutex::new(RxState {
                 bufs: (0..RX_BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+                scratch: sys::RecvScratch::default(),
+                batch: Vec::new(),
+                got: Vec::new(),
             }),
             sockets,
             addrs: bound,
@@ -383,28 +389,36 @@ impl Shared {
             return 0;
         };
         // (port, source, buffer, offset, length) of every datagram read.
-        let mut got: Vec<(usize, SocketAddr, usize, usize, usize)> = Vec::new();
+        let RxState {
+            bufs,
+            scratch,
+            batch,
+            got,
+        } = &mut *rx;
+        got.clear();
         let mut slot = 0;
         let mut emptied = true;
         for (port, sock) in self.sockets.iter().enumerate() {
-            loop {
-                if slot == rx.bufs.len() {
-                    emptied = false;
-                    break;
-                }
-                match sys::recv_gro(sock.as_raw_fd(), &mut rx.bufs[slot]) {
-                    Ok((len, src, seg)) => {
-                        let mut off = 0;
-                        while off < len {
-                            let n = seg.min(len - off);
-                            got.push((port, src, slot, off, n));
-                            off += n;
-                        }
-                        slot += 1;
-                    }
-                    Err(_) => break,
+            if slot == bufs.len() {
+                emptied = false;
+                break;
+            }
+            batch.clear();
+            let room = bufs.len() - slot;
+            let n =
+                sys::recv_batch(sock.as_raw_fd(), &mut bufs[slot..], scratch, batch).unwrap_or(0);
+            if n == room {
+                emptied = false;
+            }
+            for (k, &(len, src, seg)) in batch.iter().enumerate() {
+                let mut off = 0;
+                while off < len {
+                    let n = seg.min(len - off);
+                    got.push((port, src, slot + k, off, n));
+                    off += n;
                 }
             }
+            slot += n;
         }
         let now = self.now();
         let mut nic = self.nic.lock();
@@ -429,8 +443,8 @@ impl Shared {
         let pcap = pcap();
         let ts = pcap.is_some().then(clock::wall);
         let mut handled = 0;
-        for &(port, src, b, off, len) in &got {
-            let data = &rx.bufs[b][off..off + len];
+        for &(port, src, b, off, len) in got.iter() {
+            let data = &bufs[b][off..off + len];
             if let (Some(p), Some(ts)) = (pcap, ts) {
                 let dst = SocketAddr::new(self.addrs[port].ip(), crate::soft::wire::ROCE_UDP_PORT);
                 let _ = p.lock().write_frame(ts, src, dst, data);
@@ -453,9 +467,10 @@ impl Shared {
         if nic.poll_timeout().is_some_and(|t| t <= now) {
             nic.handle_timeout(now);
         }
+        let read = got.len();
         drop(rx);
         self.flush(nic, now);
-        handled.max(got.len())
+        handled.max(read)
     }
 
     /// Called by a thread polling a CQ: claims reception for a while and makes progress.

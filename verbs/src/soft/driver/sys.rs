@@ -222,53 +222,6 @@ pub(crate) fn send_gso(
     }
 }
 
-/// Receives one (possibly GRO-coalesced) buffer without blocking. Returns the length, the
-/// source and the segment size (equal to the length when not coalesced).
-pub(crate) fn recv_gro(
-    fd: RawFd,
-    buf: &mut [u8],
-) -> io::Result<(usize, std::net::SocketAddr, usize)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast::<libc::c_void>(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: sockaddr_storage is plain data; zero is a valid value.
-    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: as above for msghdr.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&raw mut name).cast::<libc::c_void>();
-    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast::<libc::c_void>();
-    msg.msg_controllen = size_of_val(&cbuf);
-    // SAFETY: every pointer in `msg` refers to live buffers of the stated sizes.
-    let n = unsafe { libc::recvmsg(fd, &raw mut msg, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let len = n as usize;
-    let mut seg = len;
-    // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed cmsgs;
-    // the CMSG_* macros stay within that range.
-    unsafe {
-        let mut cm = libc::CMSG_FIRSTHDR(&raw const msg);
-        while !cm.is_null() {
-            if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>());
-                if v > 0 {
-                    seg = v as usize;
-                }
-            }
-            cm = libc::CMSG_NXTHDR(&raw const msg, cm);
-        }
-    }
-    let src =
-        sockaddr_to_std(&name).ok_or_else(|| io::Error::other("datagram from a non-IP address"))?;
-    Ok((len, src, seg.min(len).max(1)))
-}
-
 /// Converts a kernel-filled `sockaddr_storage` to a std address.
 fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
@@ -298,4 +251,114 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> 
         }
         _ => None,
     }
+}
+
+/// Reusable `recvmmsg` headers (rebuilt on every call, so the raw pointers they hold never
+/// outlive one call).
+#[derive(Default)]
+pub(crate) struct RecvScratch {
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
+    cbufs: Vec<[u64; 8]>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+impl std::fmt::Debug for RecvScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecvScratch")
+    }
+}
+
+// SAFETY: the raw pointers inside are only meaningful during one `recv_batch` call, which
+// rewrites all of them before use; between calls they are never dereferenced.
+unsafe impl Send for RecvScratch {}
+
+/// One datagram (or GRO batch) read by [`recv_batch`]: its length, source and segment size.
+pub(crate) type Received = (usize, std::net::SocketAddr, usize);
+
+/// Reads up to `bufs.len()` datagrams in one `recvmmsg` call without blocking, appending one
+/// entry per buffer filled (in order) to `out`. Returns the number of buffers filled (0 when
+/// the socket is empty).
+pub(crate) fn recv_batch(
+    fd: RawFd,
+    bufs: &mut [Vec<u8>],
+    scratch: &mut RecvScratch,
+    out: &mut Vec<Received>,
+) -> io::Result<usize> {
+    let n = bufs.len().min(64);
+    if n == 0 {
+        return Ok(0);
+    }
+    let RecvScratch {
+        iovs,
+        names,
+        cbufs,
+        msgs,
+    } = scratch;
+    iovs.clear();
+    iovs.extend(bufs[..n].iter_mut().map(|b| libc::iovec {
+        iov_base: b.as_mut_ptr().cast::<libc::c_void>(),
+        iov_len: b.len(),
+    }));
+    // SAFETY: sockaddr_storage and mmsghdr are plain data for which all-zero is valid; the
+    // headers' fields are all set below.
+    let (zero_name, zero_msg) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    names.resize(n, zero_name);
+    cbufs.resize(n, [0u64; 8]);
+    msgs.resize(n, zero_msg);
+    for i in 0..n {
+        let h = &mut msgs[i].msg_hdr;
+        h.msg_name = (&raw mut names[i]).cast::<libc::c_void>();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &raw mut iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = cbufs[i].as_mut_ptr().cast::<libc::c_void>();
+        h.msg_controllen = size_of::<[u64; 8]>();
+    }
+    // SAFETY: `msgs` holds `n` headers whose pointers refer to live buffers (`iovs`, `names`,
+    // `cbufs`, and the caller's `bufs`) that outlive the call.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd,
+            msgs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    let got = got as usize;
+    for m in &msgs[..got] {
+        let len = m.msg_len as usize;
+        let mut seg = len;
+        // SAFETY: the kernel filled `msg_controllen` bytes of this header's control buffer
+        // with well-formed cmsgs; the CMSG_* macros stay inside that range.
+        unsafe {
+            let mut cm = libc::CMSG_FIRSTHDR(&raw const m.msg_hdr);
+            while !cm.is_null() {
+                if (*cm).cmsg_level == SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>());
+                    if v > 0 {
+                        seg = v as usize;
+                    }
+                }
+                cm = libc::CMSG_NXTHDR(&raw const m.msg_hdr, cm);
+            }
+        }
+        // SAFETY: msg_name points into `names`; the index is in range.
+        let name = unsafe { &*m.msg_hdr.msg_name.cast::<libc::sockaddr_storage>() };
+        let Some(src) = sockaddr_to_std(name) else {
+            out.push((0, std::net::SocketAddr::from(([0, 0, 0, 0], 0)), 1));
+            continue;
+        };
+        out.push((len, src, seg.min(len).max(1)));
+    }
+    Ok(got)
 }
