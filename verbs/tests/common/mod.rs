@@ -109,6 +109,10 @@ impl Side {
         connect_qp(&self.qp, self.psn, peer, Mtu::Mtu1024, 14);
     }
 
+    pub fn connect_with_timeout(&self, peer: &PeerInfo, timeout: u8) {
+        connect_qp(&self.qp, self.psn, peer, Mtu::Mtu1024, timeout);
+    }
+
     pub fn wait(&self, n: usize) -> Vec<WorkCompletion> {
         wait_cq(&self.cq, n)
     }
