@@ -8,7 +8,7 @@
 //! ```no_run
 //! use rdmx::verbs::Device;
 //! let devices = Device::list().expect("list devices");
-//! let ctx = devices[0].open().expect("open device");
+//! let ctx = devices[0].context().expect("open device");
 //! println!("{:?}", ctx.query_device());
 //! ```
 #![forbid(unsafe_code)]

@@ -37,7 +37,10 @@ pub(crate) fn run(args: &DevicesArgs) -> Result<()> {
         match Device::open(name) {
             Ok(ctx) => print!("{}", describe(name, &ctx)?),
             Err(e) => {
-                eprintln!("rdmx: cannot open device {name}: {e}");
+                eprintln!(
+                    "rdmx: {}",
+                    Error::with_source(format!("cannot open device {name}"), e)
+                );
                 failed.push(name.clone());
             }
         }
@@ -101,13 +104,23 @@ fn describe(name: &str, ctx: &Context) -> Result<String> {
     let _ = writeln!(w, "\tmax_qp_rd_atom:\t\t{}", a.max_qp_rd_atom);
     let _ = writeln!(w, "\tmax_qp_init_rd_atom:\t{}", a.max_qp_init_rd_atom);
     let _ = writeln!(w, "\tmax_inline_data:\t{}", a.max_inline_data);
-    let atomic = if a.atomic_glob { "ATOMIC_GLOB (2)" } else { "ATOMIC_HCA (1)" };
+    let atomic = if a.atomic_glob {
+        "ATOMIC_GLOB (2)"
+    } else {
+        "ATOMIC_HCA (1)"
+    };
     let _ = writeln!(w, "\tatomic_cap:\t\t{atomic}");
     let _ = writeln!(w, "\tcapabilities:\t\t{}", capabilities(&a));
     for port in 1..=a.phys_port_cnt {
-        let p = ctx.query_port(port).with_ctx(|| format!("querying port {port}"))?;
-        let gid = ctx.query_gid(port, 0).with_ctx(|| format!("querying GID 0 of port {port}"))?;
-        let addr = ctx.port_addr(port).with_ctx(|| format!("address of port {port}"))?;
+        let p = ctx
+            .query_port(port)
+            .with_ctx(|| format!("querying port {port}"))?;
+        let gid = ctx
+            .query_gid(port, 0)
+            .with_ctx(|| format!("querying GID 0 of port {port}"))?;
+        let addr = ctx
+            .port_addr(port)
+            .with_ctx(|| format!("address of port {port}"))?;
         let state = match p.state {
             PortState::Active => "PORT_ACTIVE (4)",
             PortState::Down => "PORT_DOWN (1)",

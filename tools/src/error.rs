@@ -17,7 +17,10 @@ pub(crate) struct Error {
 impl Error {
     /// An error with a message and no underlying cause.
     pub(crate) fn msg(msg: impl Into<String>) -> Self {
-        Self { msg: msg.into(), source: None }
+        Self {
+            msg: msg.into(),
+            source: None,
+        }
     }
 
     /// An error with a message and an underlying cause.
@@ -25,7 +28,10 @@ impl Error {
         msg: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,
     ) -> Self {
-        Self { msg: msg.into(), source: Some(Box::new(source)) }
+        Self {
+            msg: msg.into(),
+            source: Some(Box::new(source)),
+        }
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) const MAX_SIZE: u64 = 1 << 30;
 pub(crate) const MAX_ITERS: u64 = 1 << 40;
 /// Largest `--tx-depth`.
 pub(crate) const MAX_TX_DEPTH: u32 = 8192;
+/// Largest `--rx-depth`.
+pub(crate) const MAX_RX_DEPTH: u32 = 32768;
 
 /// The benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize, Deserialize)]
@@ -68,12 +70,18 @@ impl TestKind {
 
     /// Latency test (as opposed to a bandwidth test).
     pub(crate) fn is_lat(self) -> bool {
-        matches!(self, Self::SendLat | Self::WriteLat | Self::ReadLat | Self::AtomicLat)
+        matches!(
+            self,
+            Self::SendLat | Self::WriteLat | Self::ReadLat | Self::AtomicLat
+        )
     }
 
     /// Tests whose server side only has to stay alive (one-sided operations).
     pub(crate) fn is_one_sided(self) -> bool {
-        matches!(self, Self::ReadLat | Self::AtomicLat | Self::WriteBw | Self::ReadBw)
+        matches!(
+            self,
+            Self::ReadLat | Self::AtomicLat | Self::WriteBw | Self::ReadBw
+        )
     }
 }
 
@@ -118,14 +126,18 @@ pub(crate) struct PerfArgs {
     #[arg(long, short = 's', value_delimiter = ',', value_parser = parse_size)]
     size: Vec<u64>,
     /// Measured iterations per size [default: 1000 for latency tests, 5000 for bandwidth].
-    #[arg(long, short = 'n', value_parser = parse_size)]
+    #[arg(long, short = 'n', value_parser = parse_count)]
     iters: Option<u64>,
     /// Warm-up iterations, not measured [default: iters/10, at most 100].
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     warmup: Option<u64>,
     /// Bandwidth tests: work requests kept outstanding.
     #[arg(long, default_value_t = 128)]
     tx_depth: u32,
+    /// send_bw: receives the server keeps posted (the client is not flow-controlled: when
+    /// they run out, the server's NIC answers with RNR NAKs and the client waits and retries).
+    #[arg(long, default_value_t = 4096)]
+    rx_depth: u32,
     /// Sends and writes up to this size are posted inline.
     #[arg(long, default_value_t = 64)]
     inline_size: u32,
@@ -152,8 +164,26 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
         Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
         _ => (t, 1),
     };
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a number (e.g. 4096, 64K, 1M)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number (e.g. 4096, 64K, 1M)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Parses `1000`, `10k`, `2M` (decimal multiples).
+fn parse_count(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1_000u64),
+        Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a count (e.g. 1000, 10k, 1M)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Runs `rdmx perf`.
@@ -163,9 +193,12 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
             "--transport ud is not supported yet; only rc (reliable connected) is available",
         ));
     }
-    let modes = usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());
+    let modes =
+        usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());
     if modes != 1 {
-        return Err(Error::msg("give exactly one of --server, --connect HOST:PORT or --local"));
+        return Err(Error::msg(
+            "give exactly one of --server, --connect HOST:PORT or --local",
+        ));
     }
     if args.server {
         return server::run(&server::ServerConfig {
@@ -205,7 +238,9 @@ pub(crate) fn open_device(name: Option<&str>) -> Result<Context> {
 /// A random 24-bit initial PSN (no RNG crate: std's randomly keyed hasher over the time).
 pub(crate) fn random_psn() -> u32 {
     let mut h = RandomState::new().build_hasher();
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     h.write_u128(nanos);
     h.write_u32(std::process::id());
     (h.finish() as u32) & 0x00FF_FFFF
@@ -229,7 +264,11 @@ pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 /// Checks that `data` is the pattern with `seed` (the first `len` bytes).
 pub(crate) fn check_pattern(data: &[u8], seed: u8, what: &str) -> Result<()> {
-    match data.iter().enumerate().find(|&(i, &b)| b != pattern_byte(seed, i)) {
+    match data
+        .iter()
+        .enumerate()
+        .find(|&(i, &b)| b != pattern_byte(seed, i))
+    {
         None => Ok(()),
         Some((i, &b)) => Err(Error::msg(format!(
             "data check failed: {what}: byte {i} of {} is {b:#04x}, expected {:#04x}",
@@ -237,4 +276,48 @@ pub(crate) fn check_pattern(data: &[u8], seed: u8, what: &str) -> Result<()> {
             pattern_byte(seed, i)
         ))),
     }
+}
+
+/// Checks, at the end of a round, the data `role` received from its peer (the last
+/// message's content is enough: every message carries the same pattern).
+pub(crate) fn check_received(
+    ep: &endpoint::Endpoint,
+    p: &exchange::TestParams,
+    role: endpoint::Role,
+) -> Result<()> {
+    use TestKind as T;
+    let (checked, seed, who) = match role {
+        endpoint::Role::Server => (
+            matches!(p.test, T::SendLat | T::WriteLat | T::SendBw | T::WriteBw),
+            CLIENT_SEED,
+            "server",
+        ),
+        endpoint::Role::Client => (
+            matches!(p.test, T::SendLat | T::WriteLat | T::ReadLat | T::ReadBw),
+            SERVER_SEED,
+            "client",
+        ),
+    };
+    if !checked {
+        return Ok(());
+    }
+    let l = ep.layout();
+    let data = ep
+        .mr()
+        .to_vec(l.rx_off, l.size)
+        .ctx("reading the receive buffer")?;
+    let what = format!("{} data received by the {who}", p.test.name());
+    if p.test == T::WriteLat && p.mem_poll {
+        let (body, last) = data.split_at(l.size - 1);
+        check_pattern(body, seed, &what)?;
+        let want = lat::counter(p.total() - 1);
+        if last[0] != want {
+            return Err(Error::msg(format!(
+                "data check failed: {what}: last byte is {}, expected {want}",
+                last[0]
+            )));
+        }
+        return Ok(());
+    }
+    check_pattern(&data, seed, &what)
 }

@@ -286,6 +286,9 @@ impl Qp {
         if first {
             let Some(wqe) = self.resp.rq.front() else {
                 res.counters.rnr_naks_sent += 1;
+                // One NAK per gap: the requester resends from this PSN after its RNR wait,
+                // so the packets behind it are dropped without a sequence NAK.
+                self.resp.nak_sent = true;
                 let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
                 self.resp.push_out(RespOut::Ack { psn, aeth });
                 return;
@@ -380,6 +383,7 @@ impl Qp {
         // A write with immediate consumes a receive WQE: check before touching memory.
         if with_imm && self.resp.rq.is_empty() {
             res.counters.rnr_naks_sent += 1;
+            self.resp.nak_sent = true;
             let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
             self.resp.push_out(RespOut::Ack { psn, aeth });
             return;
