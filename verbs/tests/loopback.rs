@@ -237,3 +237,29 @@ fn two_processes_exchange_sends_writes_reads_and_atomics() {
         out.status
     );
 }
+
+#[test]
+fn dead_peer_gives_retry_exceeded_in_bounded_time() {
+    let a = Side::new(4096, 5);
+    let b = Side::new(4096, 6);
+    let binfo = b.info();
+    common::connect_qp_with(&a.qp, a.psn, &binfo, 8, 3);
+    // The peer goes away: its device closes and nothing answers on its UDP port.
+    drop(b);
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the test bounds the failure time"
+    )]
+    let start = std::time::Instant::now();
+    let s = [a.mr.sge(0, 64)];
+    a.qp.post_send(&SendWr::send(1, &s).signaled()).unwrap();
+    let wc = a.wait(1);
+    assert_eq!(wc[0].status, WcStatus::RetryExcErr);
+    // timeout 8 is 1.05 ms; 1 + 3 tries.
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(a.qp.state(), rdmx_verbs::QpState::Err);
+    // Later posts complete with a flush error.
+    a.qp.post_send(&SendWr::send(2, &s).signaled()).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::WrFlushErr);
+}

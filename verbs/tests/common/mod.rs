@@ -119,6 +119,14 @@ impl Side {
 }
 
 pub fn connect_qp(qp: &QueuePair, my_psn: u32, peer: &PeerInfo, mtu: Mtu, timeout: u8) {
+    connect_full(qp, my_psn, peer, mtu, timeout, 7);
+}
+
+pub fn connect_qp_with(qp: &QueuePair, my_psn: u32, peer: &PeerInfo, timeout: u8, retry: u8) {
+    connect_full(qp, my_psn, peer, Mtu::Mtu1024, timeout, retry);
+}
+
+fn connect_full(qp: &QueuePair, my_psn: u32, peer: &PeerInfo, mtu: Mtu, timeout: u8, retry: u8) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -154,7 +162,7 @@ pub fn connect_qp(qp: &QueuePair, my_psn: u32, peer: &PeerInfo, mtu: Mtu, timeou
     let rts = QpAttr {
         qp_state: QpState::Rts,
         timeout,
-        retry_cnt: 7,
+        retry_cnt: retry,
         rnr_retry: 7,
         sq_psn: my_psn,
         max_rd_atomic: 16,
