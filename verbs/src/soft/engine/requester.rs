@@ -399,18 +399,7 @@ impl Qp {
     /// A transport retry (timeout, sequence NAK, implied NAK): rewind, or fail with
     /// RETRY_EXC_ERR when the retry count is used up.
     fn retry(&mut self, now: u64, res: &mut Resources) {
-        if std::env::var("RDMX_TRACE").is_ok() {
-            let f = self
-                .req
-                .sq
-                .front()
-                .map(|w| (w.wr_id, w.kind, w.first_psn.value(), w.npsn));
-            eprintln!(
-                "t={now} retry left={} {} front={f:?}",
-                self.req.retry_left,
-                self.req.summary()
-            );
-        }
+        tracing::trace!(qpn = %self.qpn, state = %self.req.summary(), "transport retry");
         let infinite = res.cfg.infinite_retry_at_7 && self.req.retry_cnt == 7;
         if self.req.retry_left == 0 && !infinite {
             self.fail_front(res, WcStatus::RetryExcErr);
@@ -435,14 +424,6 @@ impl Qp {
             return;
         }
         let op = hdr.bth.opcode;
-        if std::env::var("RDMX_TRACE").is_ok() && op != Opcode::RC_ACKNOWLEDGE {
-            eprintln!(
-                "resp {} psn={psn} una={} front={:?}",
-                op.name(),
-                self.req.una,
-                self.req.sq.front().map(|w| (w.kind, w.first_psn.value()))
-            );
-        }
         if op == Opcode::RC_ACKNOWLEDGE {
             let Some(aeth) = hdr.aeth else {
                 res.counters.rx_malformed += 1;
@@ -453,12 +434,6 @@ impl Qp {
                     let (progress, implied) = self.ack_upto(res, psn);
                     if progress {
                         self.on_progress(now, res);
-                    }
-                    if implied && std::env::var("RDMX_TRACE").is_ok() {
-                        eprintln!(
-                            "implied nak ack psn={psn} recovering={}",
-                            self.req.recovering
-                        );
                     }
                     if implied && !self.req.recovering {
                         self.retry(now, res);
@@ -494,9 +469,6 @@ impl Qp {
                     }
                     match code {
                         NakCode::PsnSequence => {
-                            if std::env::var("RDMX_TRACE").is_ok() {
-                                eprintln!("seq nak psn={psn}");
-                            }
                             // A NAK further on than the previous one means the responder
                             // moved forward: resend, but do not use up a retry.
                             let progressed = self.req.last_nak.is_none_or(|l| psn.after(l));

@@ -548,9 +548,7 @@ impl Qp {
     fn handle_duplicate(&mut self, now: u64, res: &mut Resources, psn: Psn, hdr: &PacketHeaders) {
         res.counters.rx_duplicates += 1;
         let op = hdr.bth.opcode.operation();
-        if std::env::var("RDMX_TRACE").is_ok() {
-            eprintln!("B dup op={op:#x} psn={psn} epsn={}", self.resp.epsn);
-        }
+        tracing::trace!(qpn = %self.qpn, op, %psn, epsn = %self.resp.epsn, "duplicate request");
         match op {
             0x0C => {
                 let Some(reth) = hdr.reth else {

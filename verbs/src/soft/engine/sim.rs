@@ -88,18 +88,6 @@ impl Sim {
                 } else if self.rng.next_f64() < self.link.dup {
                     copies = 2;
                 }
-                if std::env::var("RDMX_TRACE").is_ok() && self.now > 25_000_000 {
-                    if let Ok((h, _)) = crate::soft::wire::PacketHeaders::parse(&self.buf[..t.len])
-                    {
-                        eprintln!(
-                            "sim t={} {}->{} {} copies={copies}",
-                            self.now,
-                            i,
-                            dst,
-                            h.bth.opcode.name()
-                        );
-                    }
-                }
                 for _ in 0..copies {
                     let mut pkt = self.buf[..t.len].to_vec();
                     if self.rng.next_f64() < self.link.corrupt {
