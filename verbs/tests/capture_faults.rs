@@ -178,16 +178,26 @@ fn faults_child() {
     a.connect_with_timeout(&b.info(), 8);
     b.connect_with_timeout(&a.info(), 8);
     traffic(&a, &b, 200);
+    // Let frames the plan still holds back (delayed, reordered) be delivered.
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let (fa, fb) = (a.ctx.fault_stats().unwrap(), b.ctx.fault_stats().unwrap());
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     println!("faults a={fa:?} b={fb:?}\ncounters a={ca:?}\nb={cb:?}");
     assert!(fa.dropped + fb.dropped > 0, "the plan dropped nothing");
+    let corrupted = fa.corrupted + fb.corrupted;
+    assert!(corrupted > 0, "the plan corrupted nothing");
+    // Corrupted frames are caught by the ICRC check and counted. Not quite all of them: a
+    // flipped bit in BTH byte 4 (FECN/BECN/reserved) is masked out of the ICRC by the spec,
+    // as on real RoCE, and such a frame is still valid.
+    let caught = ca.rx_bad_icrc + cb.rx_bad_icrc;
     assert!(
-        fa.corrupted + fb.corrupted > 0,
-        "the plan corrupted nothing"
+        caught <= corrupted,
+        "{caught} ICRC drops for {corrupted} corrupted frames"
     );
-    // Every corrupted frame was caught by the ICRC check (and counted).
-    assert_eq!(ca.rx_bad_icrc + cb.rx_bad_icrc, fa.corrupted + fb.corrupted);
+    assert!(
+        caught + corrupted / 10 + 1 >= corrupted,
+        "only {caught} of {corrupted} corrupted frames were caught"
+    );
     assert!(ca.retransmits + cb.retransmits > 0);
 }
 
