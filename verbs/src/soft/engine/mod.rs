@@ -321,6 +321,8 @@ pub struct Nic {
     tx_ready: VecDeque<u32>,
     /// QPs that may hold a coalesced ACK (see [`Nic::flush_acks`]).
     held_acks: Vec<u32>,
+    /// QPs that may have a timer armed (pruned by `poll_timeout`).
+    timed: Vec<u32>,
     next_pd: u32,
     next_cq: u32,
 }
@@ -342,6 +344,7 @@ impl Nic {
             qps: HashMap::new(),
             tx_ready: VecDeque::new(),
             held_acks: Vec::new(),
+            timed: Vec::new(),
             next_pd: 1,
             next_cq: 1,
         }
@@ -528,7 +531,7 @@ impl Nic {
             .get_mut(&qpn.0)
             .ok_or(VerbsError::NoSuchObject("queue pair"))?;
         qp.modify(now, &mut self.res, attr, mask)?;
-        Self::mark_ready(&mut self.tx_ready, qp);
+        Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
         Ok(())
     }
 
@@ -541,7 +544,7 @@ impl Nic {
     pub fn post_send(&mut self, now: u64, qpn: Qpn, wr: &SendWr<'_>) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn.0).ok_or(PostError::Destroyed)?;
         qp.post_send(now, &mut self.res, wr)?;
-        Self::mark_ready(&mut self.tx_ready, qp);
+        Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
         Ok(())
     }
 
@@ -551,10 +554,16 @@ impl Nic {
         qp.post_recv(&mut self.res, wr)
     }
 
-    fn mark_ready(tx_ready: &mut VecDeque<u32>, qp: &mut Qp) {
+    /// After anything that may have changed a QP: queue it for transmission and register
+    /// its timers, so neither `poll_transmit` nor `poll_timeout` has to scan every QP.
+    fn after_op(tx_ready: &mut VecDeque<u32>, timed: &mut Vec<u32>, qp: &mut Qp) {
         if !qp.in_tx_ready && qp.wants_transmit() {
             qp.in_tx_ready = true;
             tx_ready.push_back(qp.qpn.0);
+        }
+        if !qp.in_timed && qp.next_timeout().is_some() {
+            qp.in_timed = true;
+            timed.push(qp.qpn.0);
         }
     }
 
@@ -592,7 +601,7 @@ impl Nic {
         if qp.resp.has_held_ack() && !self.held_acks.contains(&qp.qpn.0) {
             self.held_acks.push(qp.qpn.0);
         }
-        Self::mark_ready(&mut self.tx_ready, qp);
+        Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
     }
 
     /// True when some QP may hold a coalesced ACK.
@@ -607,24 +616,49 @@ impl Nic {
         for qpn in std::mem::take(&mut self.held_acks) {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.resp.release_ack();
-                Self::mark_ready(&mut self.tx_ready, qp);
+                Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
             }
         }
     }
 
-    /// Handles expired timers (retransmission, RNR wait). Harmless when nothing expired.
+    /// Handles expired timers (retransmission, RNR wait, held ACKs). Harmless when nothing
+    /// expired.
     pub fn handle_timeout(&mut self, now: u64) {
-        for qp in self.qps.values_mut() {
+        for i in 0..self.timed.len() {
+            let Some(qp) = self.timed.get(i).and_then(|q| self.qps.get_mut(q)) else {
+                continue;
+            };
             if qp.next_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now, &mut self.res);
-                Self::mark_ready(&mut self.tx_ready, qp);
+                if !qp.in_tx_ready && qp.wants_transmit() {
+                    qp.in_tx_ready = true;
+                    self.tx_ready.push_back(qp.qpn.0);
+                }
             }
         }
     }
 
-    /// The earliest time `handle_timeout` has work to do.
-    pub fn poll_timeout(&self) -> Option<u64> {
-        self.qps.values().filter_map(Qp::next_timeout).min()
+    /// The earliest time `handle_timeout` has work to do. Takes `&mut self` to forget QPs
+    /// whose timers are all off.
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        let qps = &mut self.qps;
+        let mut min: Option<u64> = None;
+        self.timed.retain(|q| {
+            let Some(qp) = qps.get_mut(q) else {
+                return false;
+            };
+            match qp.next_timeout() {
+                Some(t) => {
+                    min = Some(min.map_or(t, |m| m.min(t)));
+                    true
+                }
+                None => {
+                    qp.in_timed = false;
+                    false
+                }
+            }
+        });
+        min
     }
 
     /// Writes the next packet to send into `buf` (which must hold a whole packet: path MTU +
@@ -634,7 +668,13 @@ impl Nic {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };
-            match qp.poll_transmit(now, &mut self.res, buf) {
+            let sent = qp.poll_transmit(now, &mut self.res, buf);
+            if !qp.in_timed && qp.next_timeout().is_some() {
+                // Sending armed the retransmission timer.
+                qp.in_timed = true;
+                self.timed.push(qpn);
+            }
+            match sent {
                 Some(t) => {
                     self.res.counters.tx_packets += 1;
                     self.res.counters.tx_bytes += t.len as u64;

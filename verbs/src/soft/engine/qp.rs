@@ -98,6 +98,8 @@ pub(crate) struct Qp {
     pub(crate) attr: QpAttr,
     pub(crate) path: Option<Path>,
     pub(crate) in_tx_ready: bool,
+    /// Listed in the NIC's set of QPs with timers.
+    pub(crate) in_timed: bool,
     pub(crate) req: super::requester::Requester,
     pub(crate) resp: super::responder::Responder,
 }
@@ -127,6 +129,7 @@ impl Qp {
             attr,
             path: None,
             in_tx_ready: false,
+            in_timed: false,
             req: Default::default(),
             resp: Default::default(),
         }

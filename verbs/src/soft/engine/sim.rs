@@ -106,7 +106,7 @@ impl Sim {
     pub(crate) fn step(&mut self) -> bool {
         self.flush();
         let next_pkt = self.queue.peek().map(|Reverse(p)| p.0);
-        let next_timer = self.nics.iter().filter_map(Nic::poll_timeout).min();
+        let next_timer = self.nics.iter_mut().filter_map(Nic::poll_timeout).min();
         let next = match (next_pkt, next_timer) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => match a.or(b) {

@@ -329,3 +329,36 @@ fn fence_waits_for_earlier_reads() {
     b.mr.read(64, &mut v);
     assert_eq!(v, [9u8; 8]);
 }
+
+#[test]
+fn many_qps_idle_ones_leave_the_timer_set() {
+    let mut sim = Sim::new(14, LinkCfg::clean());
+    let mut pairs = Vec::new();
+    for k in 0..200u32 {
+        pairs.push(connect(&mut sim, Mtu::Mtu1024, 256, [k, k + 1000]));
+    }
+    for (i, [a, b]) in pairs.iter().enumerate() {
+        let r = [sge(b, 0, 64)];
+        sim.nics[1]
+            .post_recv(b.qpn, &RecvWr::new(i as u64, &r))
+            .unwrap();
+        let s = [sge(a, 0, 64)];
+        sim.nics[0]
+            .post_send(sim.now, a.qpn, &SendWr::send(i as u64, &s).signaled())
+            .unwrap();
+    }
+    let mut done = 0;
+    sim.run_until(100_000, |s| {
+        for [a, _] in &pairs {
+            let mut out = Vec::new();
+            drain(s, 0, a.cq, &mut out);
+            done += out.len();
+        }
+        done == pairs.len()
+    });
+    // Let the held ACKs and timers run out; then no QP is left in the timer set.
+    sim.run_until(100_000, |s| {
+        s.nics.iter_mut().all(|n| n.poll_timeout().is_none())
+    });
+    assert!(sim.nics.iter().all(|n| n.timed.is_empty()));
+}
