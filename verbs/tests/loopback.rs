@@ -263,3 +263,48 @@ fn dead_peer_gives_retry_exceeded_in_bounded_time() {
     a.qp.post_send(&SendWr::send(2, &s).signaled()).unwrap();
     assert_eq!(a.wait(1)[0].status, WcStatus::WrFlushErr);
 }
+
+#[test]
+fn garbage_datagrams_are_counted_and_dropped() {
+    let a = Side::new(4096, 1);
+    let b = Side::new(4096, 2);
+    a.connect(&b.info());
+    b.connect(&a.info());
+    let target = b.ctx.port_addr(1).unwrap();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut x: u64 = 0x1234_5678;
+    let mut sent = 0u64;
+    for len in 0..600usize {
+        let mut d = Vec::with_capacity(len);
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            d.push(x as u8);
+        }
+        // Some with a valid-looking BTH aimed at the real QP.
+        if len >= 12 && len % 3 == 0 {
+            d[0] = 0x04;
+            d[1] = 0;
+            let q = b.qp.qp_num().0.to_be_bytes();
+            d[5..8].copy_from_slice(&q[1..4]);
+        }
+        sock.send_to(&d, target).unwrap();
+        sent += 1;
+    }
+    // The QP still works afterwards.
+    let r = [b.mr.sge(0, 64)];
+    b.qp.post_recv(&RecvWr::new(1, &r)).unwrap();
+    let s = [a.mr.sge(0, 64)];
+    a.qp.post_send(&SendWr::send(1, &s).signaled()).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    let c = b.ctx.counters();
+    // Every garbage datagram was dropped and counted (almost all by the ICRC check).
+    assert!(c.rx_packets > sent, "{c:?}");
+    assert!(
+        c.rx_bad_icrc + c.rx_malformed + c.rx_bad_addr + c.rx_no_qp >= sent,
+        "{c:?}"
+    );
+    assert_eq!(b.qp.state(), rdmx_verbs::QpState::Rts);
+}

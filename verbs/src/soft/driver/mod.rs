@@ -411,6 +411,10 @@ impl Shared {
                 emptied = false;
             }
             for (k, &(len, src, seg)) in batch.iter().enumerate() {
+                if len == 0 {
+                    // An empty datagram: still handed to the engine, which counts it.
+                    got.push((port, src, slot + k, 0, 0));
+                }
                 let mut off = 0;
                 while off < len {
                     let n = seg.min(len - off);
