@@ -91,6 +91,9 @@ struct RxState {
     scratch: sys::RecvScratch,
     batch: Vec<sys::Received>,
     got: Vec<(usize, SocketAddr, usize, usize, usize)>,
+    /// The last read found more than one datagram: read in batches (`recvmmsg`) until a
+    /// batch comes back with at most one, then go back to single, cheaper `recvmsg` calls.
+    burst: bool,
 }
 
 /// A running soft device.
@@ -190,6 +193,7 @@ impl Shared {
                 scratch: sys::RecvScratch::default(),
                 batch: Vec::new(),
                 got: Vec::new(),
+                burst: false,
             }),
             sockets,
             addrs: bound,
@@ -394,6 +398,7 @@ impl Shared {
             scratch,
             batch,
             got,
+            burst,
         } = &mut *rx;
         got.clear();
         let mut slot = 0;
@@ -405,8 +410,21 @@ impl Shared {
             }
             batch.clear();
             let room = bufs.len() - slot;
-            let n =
-                sys::recv_batch(sock.as_raw_fd(), &mut bufs[slot..], scratch, batch).unwrap_or(0);
+            let fd = sock.as_raw_fd();
+            let n = if *burst {
+                let n = sys::recv_batch(fd, &mut bufs[slot..], scratch, batch).unwrap_or(0);
+                *burst = n > 1;
+                n
+            } else {
+                match sys::recv_one(fd, &mut bufs[slot]) {
+                    Ok(Some(r)) => {
+                        batch.push(r);
+                        *burst = true;
+                        1
+                    }
+                    _ => 0,
+                }
+            };
             if n == room {
                 emptied = false;
             }
