@@ -39,6 +39,7 @@ pub mod error;
 pub mod pd;
 pub mod qp;
 pub mod soft;
+pub mod srq;
 pub mod types;
 pub mod wr;
 
@@ -51,5 +52,6 @@ pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
 pub use soft::engine::{AsyncEvent, NicCounters};
 pub use soft::fault::{FaultConfig, FaultStats};
+pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 pub use types::*;
 pub use wr::{RecvWr, SendWr, Sge, WrOpcode};

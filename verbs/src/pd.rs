@@ -74,6 +74,17 @@ impl ProtectionDomain {
         })
     }
 
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    ///
+    /// # Errors
+    /// `InvalidAttribute` for sizes of 0 or above the device limits.
+    pub fn create_srq(
+        &self,
+        attr: &crate::srq::SrqInitAttr,
+    ) -> Result<crate::srq::SharedReceiveQueue, VerbsError> {
+        crate::srq::SharedReceiveQueue::new(self, attr)
+    }
+
     /// Creates a queue pair (`ibv_create_qp`).
     ///
     /// # Errors

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use crate::cq::{CompletionQueue, CqInner};
 use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
+use crate::soft::engine::QpConfig;
+use crate::srq::{SharedReceiveQueue, SrqInner};
 use crate::types::{QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
 use crate::wr::{RecvWr, SendWr};
 
@@ -21,6 +23,8 @@ pub struct QpInitAttr<'a> {
     pub cap: QpCap,
     /// Every send WR generates a completion, signaled or not.
     pub sq_sig_all: bool,
+    /// Take receive WQEs from this shared receive queue instead of an own receive queue.
+    pub srq: Option<&'a SharedReceiveQueue>,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -32,6 +36,15 @@ impl<'a> QpInitAttr<'a> {
             recv_cq,
             cap: QpCap::default(),
             sq_sig_all: false,
+            srq: None,
+        }
+    }
+
+    /// UD attributes with default capacities.
+    pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        Self {
+            qp_type: QpType::Ud,
+            ..Self::rc(send_cq, recv_cq)
         }
     }
 }
@@ -44,6 +57,7 @@ pub struct QueuePair {
     qp_type: QpType,
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
+    _srq: Option<Arc<SrqInner>>,
 }
 
 impl QueuePair {
@@ -57,15 +71,24 @@ impl QueuePair {
             }
         }
         let (pdid, scq, rcq) = (pd.inner.id, a.send_cq.inner.id, a.recv_cq.inner.id);
-        let qpn = ctx
-            .dev()
-            .with_nic(|n, _| n.create_qp(pdid, a.qp_type, scq, rcq, a.cap, a.sq_sig_all))?;
+        let qpn = ctx.dev().with_nic(|n, _| {
+            n.create_qp(&QpConfig {
+                pd: pdid,
+                qp_type: a.qp_type,
+                send_cq: scq,
+                recv_cq: rcq,
+                cap: a.cap,
+                sq_sig_all: a.sq_sig_all,
+                srq: a.srq.map(|s| s.id()),
+            })
+        })?;
         Ok(Self {
             pd: pd.inner.clone(),
             qpn,
             qp_type: a.qp_type,
             _send_cq: a.send_cq.inner.clone(),
             _recv_cq: a.recv_cq.inner.clone(),
+            _srq: a.srq.map(|s| s.inner.clone()),
         })
     }
 

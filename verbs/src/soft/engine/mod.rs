@@ -23,6 +23,7 @@ mod qp;
 mod requester;
 mod responder;
 mod rng;
+mod srq;
 mod state;
 
 #[cfg(test)]
@@ -42,6 +43,7 @@ use crate::wr::{RecvWr, SendWr, Sge};
 
 pub(crate) use qp::Qp;
 pub use rng::Rng;
+pub use srq::SrqState;
 
 /// Static configuration of a soft NIC.
 #[derive(Debug, Clone)]
@@ -130,6 +132,44 @@ pub enum AsyncEvent {
     SqDrained(Qpn),
     /// A completion queue overflowed.
     CqError(u32),
+    /// The number of WQEs in an SRQ dropped below its armed limit (the limit is now 0).
+    SrqLimitReached(u32),
+    /// A QP on an SRQ entered the error state and will take no more WQEs from it.
+    QpLastWqeReached(Qpn),
+}
+
+/// What a queue pair is created with (`ibv_qp_init_attr`, by handle).
+#[derive(Debug, Clone, Copy)]
+pub struct QpConfig {
+    /// Protection domain.
+    pub pd: u32,
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: u32,
+    /// CQ for receive completions.
+    pub recv_cq: u32,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Every send WR completes, signaled or not.
+    pub sq_sig_all: bool,
+    /// Shared receive queue to take receives from.
+    pub srq: Option<u32>,
+}
+
+impl QpConfig {
+    /// An RC QP on one CQ with default capacities.
+    pub fn rc(pd: u32, cq: u32) -> Self {
+        Self {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            srq: None,
+        }
+    }
 }
 
 /// A packet ready to send.
@@ -233,6 +273,7 @@ pub(crate) struct Resources {
     pub(crate) cfg: NicConfig,
     pub(crate) mrs: HashMap<u32, MrEntry>,
     cqs: HashMap<u32, Cq>,
+    pub(crate) srqs: HashMap<u32, srq::Srq>,
     pub(crate) events: VecDeque<AsyncEvent>,
     cq_notify: VecDeque<u32>,
     pub(crate) counters: NicCounters,
@@ -336,6 +377,7 @@ impl Nic {
                 cfg,
                 mrs: HashMap::new(),
                 cqs: HashMap::new(),
+                srqs: HashMap::new(),
                 events: VecDeque::new(),
                 cq_notify: VecDeque::new(),
                 counters: NicCounters::default(),
@@ -467,19 +509,25 @@ impl Nic {
     }
 
     /// Creates a queue pair.
-    pub fn create_qp(
-        &mut self,
-        pd: u32,
-        qp_type: QpType,
-        send_cq: u32,
-        recv_cq: u32,
-        cap: QpCap,
-        sq_sig_all: bool,
-    ) -> Result<Qpn, VerbsError> {
-        if qp_type != QpType::Rc {
+    pub fn create_qp(&mut self, c: &QpConfig) -> Result<Qpn, VerbsError> {
+        let QpConfig {
+            pd,
+            qp_type,
+            send_cq,
+            recv_cq,
+            cap,
+            sq_sig_all,
+            srq,
+        } = *c;
+        if !matches!(qp_type, QpType::Rc | QpType::Ud) {
             return Err(VerbsError::Unsupported(
-                "only RC queue pairs in this version",
+                "this QP type (RC and UD are supported)",
             ));
+        }
+        if let Some(id) = srq {
+            if !self.res.srqs.contains_key(&id) {
+                return Err(VerbsError::NoSuchObject("shared receive queue"));
+            }
         }
         if !self.res.cqs.contains_key(&send_cq) || !self.res.cqs.contains_key(&recv_cq) {
             return Err(VerbsError::NoSuchObject("completion queue"));
@@ -493,7 +541,7 @@ impl Nic {
                 ),
             });
         }
-        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 {
+        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 && srq.is_none() {
             return Err(VerbsError::InvalidAttribute {
                 attr: "cap",
                 reason: "a QP needs a send or a receive queue".into(),
@@ -508,7 +556,8 @@ impl Nic {
                 break n;
             }
         };
-        let qp = Qp::new(Qpn(qpn), qp_type, pd, send_cq, recv_cq, cap, sq_sig_all);
+        let mut qp = Qp::new(Qpn(qpn), qp_type, pd, send_cq, recv_cq, cap, sq_sig_all);
+        qp.srq = srq;
         self.qps.insert(qpn, qp);
         Ok(Qpn(qpn))
     }

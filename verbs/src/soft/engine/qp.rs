@@ -93,6 +93,8 @@ pub(crate) struct Qp {
     pub(crate) pd: u32,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
+    /// Shared receive queue the QP takes receive WQEs from, if any.
+    pub(crate) srq: Option<u32>,
     pub(crate) cap: QpCap,
     pub(crate) sq_sig_all: bool,
     pub(crate) attr: QpAttr,
@@ -124,6 +126,7 @@ impl Qp {
             pd,
             send_cq,
             recv_cq,
+            srq: None,
             cap,
             sq_sig_all,
             attr,
@@ -328,10 +331,7 @@ impl Qp {
             res.complete(self.send_cq, wc, false);
         }
         self.req.cursor = 0;
-        while let Some(r) = self.resp.rq.pop_front() {
-            let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0, None);
-            res.complete(self.recv_cq, wc, false);
-        }
+        self.flush_receives(res);
         self.resp.out.clear();
     }
 
@@ -511,6 +511,11 @@ impl Qp {
         wr: &RecvWr<'_>,
     ) -> Result<(), PostError> {
         let st = self.state();
+        if self.srq.is_some() {
+            return Err(PostError::InvalidWorkRequest(
+                "this QP takes its receives from a shared receive queue; post there",
+            ));
+        }
         if st == QpState::Reset {
             return Err(PostError::InvalidState {
                 what: "receive",

@@ -284,7 +284,7 @@ impl Qp {
             return;
         }
         if first {
-            let Some(wqe) = self.resp.rq.front() else {
+            let Some(wqe) = self.take_recv(res) else {
                 res.counters.rnr_naks_sent += 1;
                 // One NAK per gap: the requester resends from this PSN after its RNR wait,
                 // so the packets behind it are dropped without a sequence NAK.
@@ -293,17 +293,14 @@ impl Qp {
                 self.resp.push_out(RespOut::Ack { psn, aeth });
                 return;
             };
-            let Some(segs) = res.resolve(self.pd, &wqe.sges, true) else {
-                let wr_id = wqe.wr_id;
-                self.resp.rq.pop_front();
-                let wc = self.recv_wc(wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None);
+            let Some(segs) = res.resolve(self.recv_pd(res), &wqe.sges, true) else {
+                let wc = self.recv_wc(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None);
                 res.complete(self.recv_cq, wc, false);
                 self.responder_error(res, psn, Violation::RemoteOperational);
                 return;
             };
             let cap = segs.iter().map(|s| s.len).sum();
             let wr_id = wqe.wr_id;
-            self.resp.rq.pop_front();
             self.resp.cur = Some(Inbound::Send {
                 wr_id,
                 segs,
@@ -381,7 +378,7 @@ impl Qp {
             return;
         }
         // A write with immediate consumes a receive WQE: check before touching memory.
-        if with_imm && self.resp.rq.is_empty() {
+        if with_imm && !self.has_recv(res) {
             res.counters.rnr_naks_sent += 1;
             self.resp.nak_sent = true;
             let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
@@ -441,7 +438,7 @@ impl Qp {
             self.resp.cur = None;
             self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
             if with_imm {
-                if let Some(wqe) = self.resp.rq.pop_front() {
+                if let Some(wqe) = self.take_recv(res) {
                     let wc = self.recv_wc(
                         wqe.wr_id,
                         WcStatus::Success,

@@ -6,11 +6,11 @@ use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Nic, NicConfig, Rng};
+use super::{Nic, NicConfig, QpConfig, Rng};
 use crate::mem::RegisteredMemory;
 use crate::types::{
-    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn, Rkey,
-    SendFlags, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask as M, QpCap, QpState, Qpn, Rkey, SendFlags,
+    WcStatus, WorkCompletion,
 };
 use crate::wr::{RecvWr, SendWr, Sge, WrOpcode};
 
@@ -239,7 +239,12 @@ pub(crate) fn connect(sim: &mut Sim, mtu: Mtu, mem_len: usize, psns: [u32; 2]) -
     for n in &mut sim.nics {
         let pd = n.alloc_pd();
         let cq = n.create_cq(1 << 16);
-        let qpn = n.create_qp(pd, QpType::Rc, cq, cq, cap, false).unwrap();
+        let qpn = n
+            .create_qp(&QpConfig {
+                cap,
+                ..QpConfig::rc(pd, cq)
+            })
+            .unwrap();
         let mr = Arc::new(RegisteredMemory::new(mem_len).unwrap());
         let access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
@@ -582,3 +587,6 @@ fn run_to_idle(seed: u64, link: LinkCfg, ops: usize) {
 
 #[path = "sim_errors.rs"]
 mod errors;
+
+#[path = "sim_srq.rs"]
+mod srq;

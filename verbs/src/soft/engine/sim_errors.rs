@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::error::PostError;
+use crate::soft::engine::QpConfig;
 
 const MS: u64 = 1_000_000;
 
@@ -66,7 +67,10 @@ fn posting_in_the_wrong_state_fails() {
     let pd = n.alloc_pd();
     let cq = n.create_cq(16);
     let qpn = n
-        .create_qp(pd, QpType::Rc, cq, cq, QpCap::default(), false)
+        .create_qp(&QpConfig {
+            cap: QpCap::default(),
+            ..QpConfig::rc(pd, cq)
+        })
         .unwrap();
     let wr = SendWr::send_inline(1, b"hi");
     assert!(matches!(
@@ -190,7 +194,12 @@ fn rnr_retry_exhaustion() {
     for n in &mut sim.nics {
         let pd = n.alloc_pd();
         let cq = n.create_cq(64);
-        let qpn = n.create_qp(pd, QpType::Rc, cq, cq, cap, false).unwrap();
+        let qpn = n
+            .create_qp(&QpConfig {
+                cap,
+                ..QpConfig::rc(pd, cq)
+            })
+            .unwrap();
         let mr = Arc::new(RegisteredMemory::new(4096).unwrap());
         let key = n.reg_mr(pd, mr.clone(), AccessFlags::LOCAL_WRITE);
         ends.push(End {

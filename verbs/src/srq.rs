@@ -1,0 +1,137 @@
+//! Shared receive queues.
+
+use std::sync::Arc;
+
+use crate::error::{PostError, VerbsError};
+use crate::pd::{PdInner, ProtectionDomain};
+use crate::wr::RecvWr;
+
+pub use crate::soft::engine::SrqState as SrqAttr;
+
+/// Creation attributes of an SRQ (`struct ibv_srq_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInitAttr {
+    /// Receive WQEs the SRQ can hold.
+    pub max_wr: u32,
+    /// SGEs per receive WQE.
+    pub max_sge: u32,
+    /// Initial limit (0 = not armed).
+    pub srq_limit: u32,
+}
+
+impl Default for SrqInitAttr {
+    fn default() -> Self {
+        Self {
+            max_wr: 1024,
+            max_sge: 4,
+            srq_limit: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqInner {
+    pub(crate) pd: Arc<PdInner>,
+    pub(crate) id: u32,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        // QPs hold a reference to their SRQ, so none is left when this runs.
+        let _ = self.pd.ctx.dev().with_nic(|n, _| n.destroy_srq(id));
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`): receive WQEs posted once and consumed by any
+/// of the QPs created on it; `WorkCompletion::qp_num` tells which QP received.
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn new(pd: &ProtectionDomain, a: &SrqInitAttr) -> Result<Self, VerbsError> {
+        let pdid = pd.inner.id;
+        let id = pd.inner.ctx.dev().with_nic(|n, _| {
+            let id = n.create_srq(pdid, a.max_wr, a.max_sge)?;
+            if a.srq_limit > 0 {
+                if let Err(e) = n.modify_srq(id, None, Some(a.srq_limit)) {
+                    let _ = n.destroy_srq(id);
+                    return Err(e);
+                }
+            }
+            Ok(id)
+        })?;
+        Ok(Self {
+            inner: Arc::new(SrqInner {
+                pd: pd.inner.clone(),
+                id,
+            }),
+        })
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Posts a receive WQE (`ibv_post_srq_recv`).
+    ///
+    /// # Errors
+    /// `QueueFull` when `max_wr` WQEs are posted, `TooManySge` above `max_sge`.
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let id = self.inner.id;
+        self.inner
+            .pd
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.post_srq_recv(id, wr))
+    }
+
+    /// Arms the limit event: when a WQE is taken and fewer than `limit` remain, the context
+    /// gets one `AsyncEvent::SrqLimitReached` and the limit goes back to 0 (`ibv_modify_srq`
+    /// with `IBV_SRQ_LIMIT`). 0 disarms.
+    ///
+    /// # Errors
+    /// `InvalidAttribute` when `limit` exceeds `max_wr`.
+    pub fn arm_limit(&self, limit: u32) -> Result<(), VerbsError> {
+        let id = self.inner.id;
+        self.inner
+            .pd
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.modify_srq(id, None, Some(limit)))
+    }
+
+    /// Grows the queue (`ibv_modify_srq` with `IBV_SRQ_MAX_WR`).
+    ///
+    /// # Errors
+    /// `InvalidAttribute` when smaller than the WQEs posted or above the device limit.
+    pub fn resize(&self, max_wr: u32) -> Result<(), VerbsError> {
+        let id = self.inner.id;
+        self.inner
+            .pd
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.modify_srq(id, Some(max_wr), None))
+    }
+
+    /// Current attributes (`ibv_query_srq`).
+    ///
+    /// # Errors
+    /// `NoSuchObject` if the device lost the SRQ (never in normal operation).
+    pub fn query(&self) -> Result<SrqAttr, VerbsError> {
+        let id = self.inner.id;
+        self.inner
+            .pd
+            .ctx
+            .dev()
+            .with_nic(|n, _| n.query_srq(id))
+            .ok_or(VerbsError::NoSuchObject("SRQ"))
+    }
+
+    /// The SRQ's handle as it appears in `AsyncEvent::SrqLimitReached`.
+    pub fn handle(&self) -> u32 {
+        self.inner.id
+    }
+}
