@@ -152,10 +152,10 @@ impl Context {
             max_inline_data: cfg_inline,
             phys_port_cnt: self.dev().addrs().len() as u8,
             atomic_glob: true,
-            max_srq: 0,
+            max_srq: 1 << 16,
             xrc: false,
             auto_path_mig: false,
-            max_mcast_grp: 0,
+            max_mcast_grp: 1 << 10,
         }
     }
 

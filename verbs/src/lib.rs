@@ -33,6 +33,7 @@
 //! None yet; the `ibverbs` feature (libibverbs hardware provider) comes in a later release.
 #![deny(unsafe_code)]
 
+pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod error;
@@ -45,6 +46,7 @@ pub mod wr;
 
 mod mem;
 
+pub use ah::AddressHandle;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions};
 pub use error::{PostError, VerbsError};
@@ -54,4 +56,4 @@ pub use soft::engine::{AsyncEvent, NicCounters};
 pub use soft::fault::{FaultConfig, FaultStats};
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 pub use types::*;
-pub use wr::{RecvWr, SendWr, Sge, WrOpcode};
+pub use wr::{RecvWr, SendWr, Sge, UdDest, WrOpcode};

@@ -74,6 +74,17 @@ impl ProtectionDomain {
         })
     }
 
+    /// Creates an address handle for UD sends (`ibv_create_ah`).
+    ///
+    /// # Errors
+    /// `InvalidAttribute` for a port or GID index that does not exist or an unspecified GID.
+    pub fn create_ah(
+        &self,
+        attr: &crate::types::AhAttr,
+    ) -> Result<crate::ah::AddressHandle, VerbsError> {
+        crate::ah::AddressHandle::new(self, attr)
+    }
+
     /// Creates a shared receive queue (`ibv_create_srq`).
     ///
     /// # Errors

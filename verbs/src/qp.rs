@@ -7,7 +7,7 @@ use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::soft::engine::QpConfig;
 use crate::srq::{SharedReceiveQueue, SrqInner};
-use crate::types::{QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
+use crate::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
 use crate::wr::{RecvWr, SendWr};
 
 /// Creation attributes (`struct ibv_qp_init_attr`).
@@ -58,6 +58,8 @@ pub struct QueuePair {
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
+    /// Multicast groups this QP is attached to, with the port they were joined on.
+    groups: parking_lot::Mutex<Vec<(Gid, u8)>>,
 }
 
 impl QueuePair {
@@ -89,6 +91,7 @@ impl QueuePair {
             _send_cq: a.send_cq.inner.clone(),
             _recv_cq: a.recv_cq.inner.clone(),
             _srq: a.srq.map(|s| s.inner.clone()),
+            groups: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -172,9 +175,52 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// Attaches this UD QP to a multicast group (`ibv_attach_mcast`): every datagram sent to
+    /// the group (destination QPN `Qpn::MULTICAST`) reaches it, one copy per attached QP.
+    /// The LID is ignored on RoCE.
+    ///
+    /// # Errors
+    /// `Unsupported` for a QP that is not UD, `InvalidArgument` for a GID that is not
+    /// multicast, `Io` when the group cannot be joined.
+    pub fn attach_mcast(&self, gid: Gid, _lid: u16) -> Result<(), VerbsError> {
+        let qpn = self.qpn;
+        let dev = self.pd.ctx.dev();
+        dev.with_nic(|n, _| n.attach_mcast(qpn, gid))?;
+        let port = self.query().map_or(1, |(a, _)| a.port_num);
+        if let Err(e) = dev.join_group(usize::from(port).saturating_sub(1), gid.to_ip()) {
+            let _ = dev.with_nic(|n, _| n.detach_mcast(qpn, gid));
+            return Err(e);
+        }
+        self.groups.lock().push((gid, port));
+        Ok(())
+    }
+
+    /// Detaches this QP from a group (`ibv_detach_mcast`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the QP is not attached to `gid`.
+    pub fn detach_mcast(&self, gid: Gid, _lid: u16) -> Result<(), VerbsError> {
+        let qpn = self.qpn;
+        let dev = self.pd.ctx.dev();
+        dev.with_nic(|n, _| n.detach_mcast(qpn, gid))?;
+        let mut groups = self.groups.lock();
+        if let Some(i) = groups.iter().position(|(g, _)| *g == gid) {
+            let (_, port) = groups.swap_remove(i);
+            dev.leave_group(usize::from(port).saturating_sub(1), gid.to_ip());
+        }
+        Ok(())
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        self.pd.ctx.dev().with_nic(|n, _| n.destroy_qp(qpn));
+        let dev = self.pd.ctx.dev();
+        for (gid, port) in self.groups.lock().drain(..) {
+            let _ = dev.with_nic(|n, _| n.detach_mcast(qpn, gid));
+            dev.leave_group(usize::from(port).saturating_sub(1), gid.to_ip());
+        }
+        dev.with_nic(|n, _| n.destroy_qp(qpn));
     }
 }

@@ -585,6 +585,9 @@ pub struct WorkCompletion {
     pub wc_flags: WcFlags,
     /// Provider-specific error detail (0 when none).
     pub vendor_err: u32,
+    /// Source LID: 0 on RoCE. The soft provider reports the sender's UDP port here for UD
+    /// receives, so `AddressHandle::from_work_completion` can build a reply path.
+    pub slid: u16,
 }
 
 impl WorkCompletion {
@@ -599,6 +602,7 @@ impl WorkCompletion {
         src_qp: Qpn(0),
         wc_flags: WcFlags::EMPTY,
         vendor_err: 0,
+        slid: 0,
     };
 
     /// True when the status is `Success`.

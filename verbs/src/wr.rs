@@ -8,7 +8,7 @@
 //! application that rewrites a buffer while a send is in flight gets mixed contents, as on
 //! hardware, never undefined behaviour.
 
-use crate::types::{Lkey, Rkey, SendFlags};
+use crate::types::{AhAttr, Lkey, Qpn, Rkey, SendFlags};
 
 /// A scatter/gather element (`struct ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -78,6 +78,18 @@ pub enum WrOpcode {
     },
 }
 
+/// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The path (from an `AddressHandle`).
+    pub ah: AhAttr,
+    /// Destination QP number (`Qpn::MULTICAST` for a multicast group).
+    pub remote_qpn: Qpn,
+    /// Destination Q_Key; with bit 31 set (a controlled Q_Key) the sending QP's own Q_Key is
+    /// used instead.
+    pub remote_qkey: u32,
+}
+
 /// A send-queue work request (`struct ibv_send_wr`).
 #[derive(Debug, Clone, Copy)]
 pub struct SendWr<'a> {
@@ -92,6 +104,8 @@ pub struct SendWr<'a> {
     /// Inline payload given directly as bytes (instead of through `sg_list`); implies
     /// `INLINE`. Must not exceed the QP's `max_inline_data`.
     pub inline_data: Option<&'a [u8]>,
+    /// Destination of a UD send (required on UD QPs, ignored otherwise).
+    pub ud: Option<UdDest>,
 }
 
 impl<'a> SendWr<'a> {
@@ -103,6 +117,7 @@ impl<'a> SendWr<'a> {
             opcode,
             send_flags: SendFlags::EMPTY,
             inline_data: None,
+            ud: None,
         }
     }
 
@@ -122,6 +137,16 @@ impl<'a> SendWr<'a> {
     /// Adds flags.
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.send_flags |= flags;
+        self
+    }
+
+    /// Sets the UD destination (`wr.ud.ah`, `remote_qpn`, `remote_qkey`).
+    pub fn to(mut self, ah: &crate::ah::AddressHandle, remote_qpn: Qpn, remote_qkey: u32) -> Self {
+        self.ud = Some(UdDest {
+            ah: *ah.attr(),
+            remote_qpn,
+            remote_qkey,
+        });
         self
     }
 

@@ -30,8 +30,8 @@ pub(crate) mod clock {
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -77,6 +77,16 @@ impl ChannelInner {
     }
 }
 
+/// A socket receiving one multicast group on one port.
+#[derive(Debug)]
+struct GroupSock {
+    ip: IpAddr,
+    port: usize,
+    sock: UdpSocket,
+    /// QPs of this device attached to the group through this port.
+    refs: usize,
+}
+
 /// Packets collected under the NIC lock and sent after it is released (in order).
 #[derive(Debug, Default)]
 struct TxBatch {
@@ -90,7 +100,10 @@ struct RxState {
     bufs: Vec<Vec<u8>>,
     scratch: sys::RecvScratch,
     batch: Vec<sys::Received>,
-    got: Vec<(usize, SocketAddr, usize, usize, usize)>,
+    /// (port, source, destination, buffer, offset, length) of every datagram read.
+    got: Vec<(usize, SocketAddr, IpAddr, usize, usize, usize)>,
+    /// (port, destination address, fd) of every socket to read.
+    sources: Vec<(usize, IpAddr, RawFd)>,
     /// The last read found more than one datagram: read in batches (`recvmmsg`) until a
     /// batch comes back with at most one, then go back to single, cheaper `recvmsg` calls.
     burst: bool,
@@ -108,7 +121,10 @@ pub(crate) struct Shared {
     last_poll: AtomicU64,
     wake: EventFd,
     shutdown: AtomicBool,
-    faults: Option<Mutex<FaultInjector<(usize, SocketAddr)>>>,
+    faults: Option<Mutex<FaultInjector<(usize, SocketAddr, IpAddr)>>>,
+    /// Sockets bound to joined multicast groups.
+    groups: Mutex<Vec<GroupSock>>,
+    group_count: std::sync::atomic::AtomicUsize,
     channels: Mutex<HashMap<u32, Weak<ChannelInner>>>,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
@@ -151,6 +167,13 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
     sys::set_pmtudisc_do(s.as_raw_fd(), addr.is_ipv6()).map_err(io("setsockopt(MTU_DISCOVER)"))?;
     sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
     s.bind(&addr.into()).map_err(io("bind"))?;
+    if let IpAddr::V4(v4) = addr.ip() {
+        // Multicast sends leave through this port's address and loop back to local members.
+        s.set_multicast_if_v4(&v4).map_err(io("IP_MULTICAST_IF"))?;
+        s.set_multicast_loop_v4(true)
+            .map_err(io("IP_MULTICAST_LOOP"))?;
+        s.set_multicast_ttl_v4(8).map_err(io("IP_MULTICAST_TTL"))?;
+    }
     s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
     if !sys::enable_gro(s.as_raw_fd()) {
         tracing::debug!("UDP GRO not available on {addr}");
@@ -193,6 +216,7 @@ impl Shared {
                 scratch: sys::RecvScratch::default(),
                 batch: Vec::new(),
                 got: Vec::new(),
+                sources: Vec::new(),
                 burst: false,
             }),
             sockets,
@@ -202,6 +226,8 @@ impl Shared {
             wake: EventFd::new().map_err(io("eventfd"))?,
             shutdown: AtomicBool::new(false),
             faults,
+            groups: Mutex::new(Vec::new()),
+            group_count: std::sync::atomic::AtomicUsize::new(0),
             channels: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new().map_err(io("eventfd"))?,
@@ -265,6 +291,59 @@ impl Shared {
     /// Forgets a CQ's channel.
     pub(crate) fn clear_channel(&self, cq: u32) {
         self.channels.lock().remove(&cq);
+    }
+
+    /// Makes port `port` receive multicast group `group` (one socket per group and port,
+    /// bound to `group:4791` with address reuse, so several devices on a host each get a
+    /// copy, spec §1.6). Reference counted per attached QP.
+    pub(crate) fn join_group(&self, port: usize, group: IpAddr) -> Result<(), VerbsError> {
+        let io = |op| move |source| VerbsError::Io { op, source };
+        let mut groups = self.groups.lock();
+        if let Some(g) = groups.iter_mut().find(|g| g.ip == group && g.port == port) {
+            g.refs += 1;
+            return Ok(());
+        }
+        let local = *self
+            .addrs
+            .get(port)
+            .ok_or(VerbsError::NoSuchObject("port"))?;
+        let (IpAddr::V4(g4), IpAddr::V4(l4)) = (group, local.ip()) else {
+            return Err(VerbsError::Unsupported("IPv6 multicast groups"));
+        };
+        let s =
+            Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
+        s.set_reuse_address(true).map_err(io("SO_REUSEADDR"))?;
+        let bind_to = SocketAddr::new(group, crate::soft::wire::ROCE_UDP_PORT);
+        s.bind(&bind_to.into())
+            .map_err(io("bind multicast group"))?;
+        s.join_multicast_v4(&g4, &l4)
+            .map_err(io("IP_ADD_MEMBERSHIP"))?;
+        s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
+        sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
+        groups.push(GroupSock {
+            ip: group,
+            port,
+            sock: s.into(),
+            refs: 1,
+        });
+        self.group_count.store(groups.len(), Ordering::Relaxed);
+        drop(groups);
+        // The engine thread must add the new socket to its poll set.
+        self.wake.signal();
+        Ok(())
+    }
+
+    /// Drops one reference to a joined group; the socket closes (leaving the group) with the
+    /// last one.
+    pub(crate) fn leave_group(&self, port: usize, group: IpAddr) {
+        let mut groups = self.groups.lock();
+        if let Some(i) = groups.iter().position(|g| g.ip == group && g.port == port) {
+            groups[i].refs -= 1;
+            if groups[i].refs == 0 {
+                groups.swap_remove(i);
+            }
+        }
+        self.group_count.store(groups.len(), Ordering::Relaxed);
     }
 
     /// Pops an asynchronous event.
@@ -392,25 +471,33 @@ impl Shared {
         let Some(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        // (port, source, buffer, offset, length) of every datagram read.
         let RxState {
             bufs,
             scratch,
             batch,
             got,
+            sources,
             burst,
         } = &mut *rx;
         got.clear();
+        sources.clear();
+        for (port, sock) in self.sockets.iter().enumerate() {
+            sources.push((port, self.addrs[port].ip(), sock.as_raw_fd()));
+        }
+        if self.group_count.load(Ordering::Relaxed) > 0 {
+            for g in self.groups.lock().iter() {
+                sources.push((g.port, g.ip, g.sock.as_raw_fd()));
+            }
+        }
         let mut slot = 0;
         let mut emptied = true;
-        for (port, sock) in self.sockets.iter().enumerate() {
+        for &(port, dst, fd) in sources.iter() {
             if slot == bufs.len() {
                 emptied = false;
                 break;
             }
             batch.clear();
             let room = bufs.len() - slot;
-            let fd = sock.as_raw_fd();
             let n = if *burst {
                 let n = sys::recv_batch(fd, &mut bufs[slot..], scratch, batch).unwrap_or(0);
                 *burst = n > 1;
@@ -431,12 +518,12 @@ impl Shared {
             for (k, &(len, src, seg)) in batch.iter().enumerate() {
                 if len == 0 {
                     // An empty datagram: still handed to the engine, which counts it.
-                    got.push((port, src, slot + k, 0, 0));
+                    got.push((port, src, dst, slot + k, 0, 0));
                 }
                 let mut off = 0;
                 while off < len {
                     let n = seg.min(len - off);
-                    got.push((port, src, slot + k, off, n));
+                    got.push((port, src, dst, slot + k, off, n));
                     off += n;
                 }
             }
@@ -465,24 +552,24 @@ impl Shared {
         let pcap = pcap();
         let ts = pcap.is_some().then(clock::wall);
         let mut handled = 0;
-        for &(port, src, b, off, len) in got.iter() {
+        for &(port, src, dst, b, off, len) in got.iter() {
             let data = &bufs[b][off..off + len];
             if let (Some(p), Some(ts)) = (pcap, ts) {
-                let dst = SocketAddr::new(self.addrs[port].ip(), crate::soft::wire::ROCE_UDP_PORT);
-                let _ = p.lock().write_frame(ts, src, dst, data);
+                let to = SocketAddr::new(dst, crate::soft::wire::ROCE_UDP_PORT);
+                let _ = p.lock().write_frame(ts, src, to, data);
             }
             match &self.faults {
-                Some(f) => f.lock().handle_frame(now, (port, src), data),
+                Some(f) => f.lock().handle_frame(now, (port, src, dst), data),
                 None => {
-                    nic.handle_datagram(now, port, src, data);
+                    nic.handle_datagram(now, port, src, dst, data);
                     handled += 1;
                 }
             }
         }
         if let Some(f) = &self.faults {
             let mut f = f.lock();
-            while let Some(((port, src), frame)) = f.poll_frame(now) {
-                nic.handle_datagram(now, port, src, &frame);
+            while let Some(((port, src, dst), frame)) = f.poll_frame(now) {
+                nic.handle_datagram(now, port, src, dst, &frame);
                 handled += 1;
             }
         }
@@ -562,6 +649,7 @@ fn engine_thread(weak: Weak<Shared>) {
         fds.push(sh.wake.raw());
         if !poller_active {
             fds.extend(sh.sockets.iter().map(AsRawFd::as_raw_fd));
+            fds.extend(sh.groups.lock().iter().map(|g| g.sock.as_raw_fd()));
         }
         // Do not keep the device alive while sleeping.
         let wake_fd = sh.wake.raw();

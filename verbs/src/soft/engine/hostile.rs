@@ -49,7 +49,8 @@ proptest! {
     fn random_datagrams_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300)) {
         let (mut sim, _) = sample_packets();
         let src = sim.addrs[0];
-        sim.nics[1].handle_datagram(sim.now, 0, src, &data);
+        let dst = sim.addrs[1].ip();
+        sim.nics[1].handle_datagram(sim.now, 0, src, dst, &data);
         let c = sim.nics[1].counters();
         prop_assert_eq!(c.rx_packets, 1);
         prop_assert_eq!(c.rx_bad_icrc + c.rx_malformed + c.rx_no_qp, 1);
@@ -71,7 +72,8 @@ proptest! {
         }
         p.truncate(cut % (p.len() + 1));
         let src = sim.addrs[0];
-        sim.nics[1].handle_datagram(sim.now, 0, src, &p);
+        let dst = sim.addrs[1].ip();
+        sim.nics[1].handle_datagram(sim.now, 0, src, dst, &p);
         // Run whatever it triggered to completion.
         for _ in 0..1000 {
             if !sim.step() {

@@ -25,6 +25,7 @@ mod responder;
 mod rng;
 mod srq;
 mod state;
+mod ud;
 
 #[cfg(test)]
 mod hostile;
@@ -32,7 +33,7 @@ mod hostile;
 mod sim;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::error::{PostError, VerbsError};
@@ -59,6 +60,8 @@ pub struct NicConfig {
     pub max_inline_data: u32,
     /// Requester window: packets in flight per QP before waiting for ACKs.
     pub max_unacked_psns: u32,
+    /// Active MTU of the ports (largest UD message).
+    pub active_mtu: crate::types::Mtu,
     /// Treat `retry_cnt = 7` as "retry forever", as Linux rxe does. The verbs documents
     /// define 7 = infinite only for `rnr_retry`, so the default is false (seven retries).
     pub infinite_retry_at_7: bool,
@@ -74,6 +77,7 @@ impl NicConfig {
             max_inline_data: 1024,
             max_unacked_psns: 256,
             infinite_retry_at_7: false,
+            active_mtu: crate::types::Mtu::Mtu4096,
         }
     }
 }
@@ -114,6 +118,12 @@ pub struct NicCounters {
     pub acks_sent: u64,
     /// Completions lost because a CQ overflowed.
     pub cq_overflows: u64,
+    /// UD datagrams dropped for a wrong Q_Key (`qkey_viol_cntr`).
+    pub rx_qkey_violations: u64,
+    /// UD datagrams dropped because no receive WQE was posted.
+    pub rx_no_recv: u64,
+    /// Multicast datagrams for a group no QP joined.
+    pub rx_no_group: u64,
 }
 
 /// An asynchronous event (`ibv_async_event`).
@@ -274,6 +284,7 @@ pub(crate) struct Resources {
     pub(crate) mrs: HashMap<u32, MrEntry>,
     cqs: HashMap<u32, Cq>,
     pub(crate) srqs: HashMap<u32, srq::Srq>,
+    pub(crate) mcast: HashMap<Gid, Vec<u32>>,
     pub(crate) events: VecDeque<AsyncEvent>,
     cq_notify: VecDeque<u32>,
     pub(crate) counters: NicCounters,
@@ -378,6 +389,7 @@ impl Nic {
                 mrs: HashMap::new(),
                 cqs: HashMap::new(),
                 srqs: HashMap::new(),
+                mcast: HashMap::new(),
                 events: VecDeque::new(),
                 cq_notify: VecDeque::new(),
                 counters: NicCounters::default(),
@@ -616,17 +628,25 @@ impl Nic {
         }
     }
 
-    /// Handles one received UDP payload that arrived on local port index `port` from `src`.
-    pub fn handle_datagram(&mut self, now: u64, port: usize, src: SocketAddr, data: &[u8]) {
+    /// Handles one received UDP payload that arrived on local port index `port` from `src`,
+    /// addressed to `dst` (the port's address, or a multicast group).
+    pub fn handle_datagram(
+        &mut self,
+        now: u64,
+        port: usize,
+        src: SocketAddr,
+        dst: IpAddr,
+        data: &[u8],
+    ) {
         self.res.counters.rx_packets += 1;
-        let Some(local) = self.res.cfg.ports.get(port).copied() else {
+        if port >= self.res.cfg.ports.len() {
             self.res.counters.rx_bad_addr += 1;
             return;
-        };
+        }
         if self.res.cfg.verify_icrc {
             let path = IcrcPath {
                 src,
-                dst: SocketAddr::new(local.ip(), wire::ROCE_UDP_PORT),
+                dst: SocketAddr::new(dst, wire::ROCE_UDP_PORT),
             };
             if !wire::icrc::verify(&path, data) {
                 self.res.counters.rx_bad_icrc += 1;
@@ -637,9 +657,20 @@ impl Nic {
             self.res.counters.rx_malformed += 1;
             return;
         };
-        if hdr.bth.opcode.transport() != Transport::Rc {
-            // UD, UC, XRC and CNPs are not handled by this version of the engine.
-            self.res.counters.rx_no_qp += 1;
+        match hdr.bth.opcode.transport() {
+            Transport::Rc => {}
+            Transport::Ud => {
+                self.deliver_ud(src, dst, &hdr, payload, data.len());
+                return;
+            }
+            _ => {
+                // UC, XRC and CNPs are not handled by this version of the engine.
+                self.res.counters.rx_no_qp += 1;
+                return;
+            }
+        }
+        if dst.is_multicast() {
+            self.res.counters.rx_no_group += 1;
             return;
         }
         let Some(qp) = self.qps.get_mut(&hdr.bth.dest_qp) else {

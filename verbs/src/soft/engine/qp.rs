@@ -57,6 +57,8 @@ pub(crate) struct SendWqe {
     pub(crate) payload: Payload,
     /// Set when local validation failed at post time; reported when the WQE starts.
     pub(crate) local_err: Option<WcStatus>,
+    /// Destination of a UD send.
+    pub(crate) ud: Option<crate::wr::UdDest>,
     pub(crate) started: bool,
     pub(crate) first_psn: Psn,
     /// PSNs this WQE consumes.
@@ -102,6 +104,8 @@ pub(crate) struct Qp {
     pub(crate) in_tx_ready: bool,
     /// Listed in the NIC's set of QPs with timers.
     pub(crate) in_timed: bool,
+    /// Next PSN of a UD QP's sends.
+    pub(crate) ud_next_psn: Psn,
     pub(crate) req: super::requester::Requester,
     pub(crate) resp: super::responder::Responder,
 }
@@ -133,6 +137,7 @@ impl Qp {
             path: None,
             in_tx_ready: false,
             in_timed: false,
+            ud_next_psn: Psn::new(0),
             req: Default::default(),
             resp: Default::default(),
         }
@@ -214,6 +219,10 @@ impl Qp {
         match (from, to) {
             (_, QpState::Reset) => self.reset(),
             (_, QpState::Err) if from != QpState::Err => self.enter_error(res),
+            (QpState::Init, QpState::Rtr) if self.qp_type == QpType::Ud => {}
+            (QpState::Rtr, QpState::Rts) if self.qp_type == QpType::Ud => {
+                self.ud_next_psn = Psn::new(self.attr.sq_psn);
+            }
             (QpState::Init, QpState::Rtr) => {
                 let port = usize::from(self.attr.port_num).saturating_sub(1);
                 let local =
@@ -390,7 +399,10 @@ impl Qp {
         wr: &SendWr<'_>,
     ) -> Result<(), PostError> {
         let st = self.state();
-        if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Err) {
+        if !matches!(
+            st,
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
+        ) {
             return Err(PostError::InvalidState {
                 what: "send",
                 state: st,
@@ -441,6 +453,11 @@ impl Qp {
                 add,
             } => (WqeKind::FetchAdd, None, remote_addr, rkey.0, 0, add),
         };
+        let ud = if self.qp_type == QpType::Ud {
+            Some(self.check_ud_send(res, kind, len, wr.ud)?)
+        } else {
+            None
+        };
         let inline = wr.send_flags.contains(SendFlags::INLINE) || wr.inline_data.is_some();
         if inline {
             if !matches!(kind, WqeKind::Send | WqeKind::Write) {
@@ -490,11 +507,12 @@ impl Qp {
             len: len as usize,
             payload,
             local_err,
+            ud,
             started: false,
             first_psn: Psn::new(0),
             npsn: 0,
         };
-        if st == QpState::Err {
+        if matches!(st, QpState::Err | QpState::Sqe) {
             let wc = self.send_wc(&w, WcStatus::WrFlushErr);
             res.complete(self.send_cq, wc, false);
             return Ok(());
@@ -612,6 +630,9 @@ impl Qp {
         res: &mut Resources,
         buf: &mut [u8],
     ) -> Option<Transmit> {
+        if self.qp_type == QpType::Ud {
+            return self.poll_ud(res, buf);
+        }
         if let Some(t) = self.poll_response(res, buf) {
             return Some(t);
         }

@@ -123,7 +123,8 @@ impl Sim {
                 break;
             };
             if !self.dead[dst] {
-                self.nics[dst].handle_datagram(self.now, 0, src, &pkt);
+                let to = self.addrs[dst].ip();
+                self.nics[dst].handle_datagram(self.now, 0, src, to, &pkt);
             }
         }
         for n in &mut self.nics {
