@@ -153,7 +153,7 @@ impl Context {
             phys_port_cnt: self.dev().addrs().len() as u8,
             atomic_glob: true,
             max_srq: 1 << 16,
-            xrc: false,
+            xrc: true,
             auto_path_mig: false,
             max_mcast_grp: 1 << 10,
         }

@@ -43,6 +43,7 @@ pub mod soft;
 pub mod srq;
 pub mod types;
 pub mod wr;
+pub mod xrc;
 
 mod mem;
 
@@ -57,3 +58,4 @@ pub use soft::fault::{FaultConfig, FaultStats};
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 pub use types::*;
 pub use wr::{RecvWr, SendWr, Sge, UdDest, WrOpcode};
+pub use xrc::XrcDomain;

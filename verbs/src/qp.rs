@@ -40,6 +40,14 @@ impl<'a> QpInitAttr<'a> {
         }
     }
 
+    /// XRC initiator (send-only) attributes: send completions go to `cq`.
+    pub fn xrc_send(cq: &'a CompletionQueue) -> Self {
+        Self {
+            qp_type: QpType::XrcSend,
+            ..Self::rc(cq, cq)
+        }
+    }
+
     /// UD attributes with default capacities.
     pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
         Self {
@@ -55,9 +63,10 @@ pub struct QueuePair {
     pd: Arc<PdInner>,
     qpn: Qpn,
     qp_type: QpType,
-    _send_cq: Arc<CqInner>,
-    _recv_cq: Arc<CqInner>,
+    _send_cq: Option<Arc<CqInner>>,
+    _recv_cq: Option<Arc<CqInner>>,
     _srq: Option<Arc<SrqInner>>,
+    _xrcd: Option<crate::xrc::XrcDomain>,
     /// Multicast groups this QP is attached to, with the port they were joined on.
     groups: parking_lot::Mutex<Vec<(Gid, u8)>>,
 }
@@ -82,15 +91,17 @@ impl QueuePair {
                 cap: a.cap,
                 sq_sig_all: a.sq_sig_all,
                 srq: a.srq.map(|s| s.id()),
+                xrcd: None,
             })
         })?;
         Ok(Self {
             pd: pd.inner.clone(),
             qpn,
             qp_type: a.qp_type,
-            _send_cq: a.send_cq.inner.clone(),
-            _recv_cq: a.recv_cq.inner.clone(),
+            _send_cq: Some(a.send_cq.inner.clone()),
+            _recv_cq: Some(a.recv_cq.inner.clone()),
             _srq: a.srq.map(|s| s.inner.clone()),
+            _xrcd: None,
             groups: parking_lot::Mutex::new(Vec::new()),
         })
     }
@@ -176,6 +187,48 @@ impl QueuePair {
 }
 
 impl QueuePair {
+    /// Creates an XRC target (receive-only) QP in `xrcd`: it takes receive WQEs, the
+    /// protection domain and the completion queue from whichever XRC SRQ of the domain a
+    /// message names.
+    pub(crate) fn new_xrc_target(
+        pd: &ProtectionDomain,
+        xrcd: &crate::xrc::XrcDomain,
+    ) -> Result<Self, VerbsError> {
+        let ctx = &pd.inner.ctx;
+        if !Arc::ptr_eq(&xrcd.ctx.inner, &ctx.inner) {
+            return Err(VerbsError::InvalidArgument(
+                "XRC domain of another device".into(),
+            ));
+        }
+        let (pdid, d) = (pd.inner.id, xrcd.id);
+        let qpn = ctx.dev().with_nic(|n, _| {
+            n.create_qp(&QpConfig {
+                pd: pdid,
+                qp_type: QpType::XrcRecv,
+                send_cq: 0,
+                recv_cq: 0,
+                cap: QpCap {
+                    max_send_wr: 0,
+                    max_recv_wr: 0,
+                    ..QpCap::default()
+                },
+                sq_sig_all: false,
+                srq: None,
+                xrcd: Some(d),
+            })
+        })?;
+        Ok(Self {
+            pd: pd.inner.clone(),
+            qpn,
+            qp_type: QpType::XrcRecv,
+            _send_cq: None,
+            _recv_cq: None,
+            _srq: None,
+            _xrcd: Some(xrcd.clone()),
+            groups: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+
     /// Attaches this UD QP to a multicast group (`ibv_attach_mcast`): every datagram sent to
     /// the group (destination QPN `Qpn::MULTICAST`) reaches it, one copy per attached QP.
     /// The LID is ignored on RoCE.

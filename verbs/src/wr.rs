@@ -106,6 +106,8 @@ pub struct SendWr<'a> {
     pub inline_data: Option<&'a [u8]>,
     /// Destination of a UD send (required on UD QPs, ignored otherwise).
     pub ud: Option<UdDest>,
+    /// The remote XRC SRQ number (required on XRC initiator QPs, ignored otherwise).
+    pub remote_srqn: Option<u32>,
 }
 
 impl<'a> SendWr<'a> {
@@ -118,6 +120,7 @@ impl<'a> SendWr<'a> {
             send_flags: SendFlags::EMPTY,
             inline_data: None,
             ud: None,
+            remote_srqn: None,
         }
     }
 
@@ -147,6 +150,12 @@ impl<'a> SendWr<'a> {
             remote_qpn,
             remote_qkey,
         });
+        self
+    }
+
+    /// Names the remote XRC SRQ that receives this message (XRC initiator QPs).
+    pub fn to_srq(mut self, srqn: u32) -> Self {
+        self.remote_srqn = Some(srqn);
         self
     }
 

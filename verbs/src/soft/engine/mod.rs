@@ -165,6 +165,8 @@ pub struct QpConfig {
     pub sq_sig_all: bool,
     /// Shared receive queue to take receives from.
     pub srq: Option<u32>,
+    /// XRC domain (XRC target QPs).
+    pub xrcd: Option<u32>,
 }
 
 impl QpConfig {
@@ -178,6 +180,7 @@ impl QpConfig {
             cap: QpCap::default(),
             sq_sig_all: false,
             srq: None,
+            xrcd: None,
         }
     }
 }
@@ -292,6 +295,10 @@ pub(crate) struct Resources {
 }
 
 impl Resources {
+    pub(crate) fn cqs_contains(&self, cq: u32) -> bool {
+        self.cqs.contains_key(&cq)
+    }
+
     /// Resolves an SGE list for local access under `pd`. `write` asks for LOCAL_WRITE.
     pub(crate) fn resolve(&self, pd: u32, sges: &[Sge], write: bool) -> Option<Vec<Seg>> {
         let mut out = Vec::with_capacity(sges.len());
@@ -377,6 +384,7 @@ pub struct Nic {
     timed: Vec<u32>,
     next_pd: u32,
     next_cq: u32,
+    next_xrcd: u32,
 }
 
 impl Nic {
@@ -401,6 +409,7 @@ impl Nic {
             timed: Vec::new(),
             next_pd: 1,
             next_cq: 1,
+            next_xrcd: 0,
         }
     }
 
@@ -530,10 +539,19 @@ impl Nic {
             cap,
             sq_sig_all,
             srq,
+            xrcd,
         } = *c;
-        if !matches!(qp_type, QpType::Rc | QpType::Ud) {
+        if !matches!(
+            qp_type,
+            QpType::Rc | QpType::Ud | QpType::XrcSend | QpType::XrcRecv
+        ) {
             return Err(VerbsError::Unsupported(
-                "this QP type (RC and UD are supported)",
+                "this QP type (RC, UD and XRC are supported)",
+            ));
+        }
+        if qp_type == QpType::XrcRecv && xrcd.is_none() {
+            return Err(VerbsError::InvalidArgument(
+                "an XRC target QP needs an XRC domain".into(),
             ));
         }
         if let Some(id) = srq {
@@ -541,7 +559,12 @@ impl Nic {
                 return Err(VerbsError::NoSuchObject("shared receive queue"));
             }
         }
-        if !self.res.cqs.contains_key(&send_cq) || !self.res.cqs.contains_key(&recv_cq) {
+        let cqs_needed: &[u32] = match qp_type {
+            QpType::XrcRecv => &[],
+            QpType::XrcSend => &[send_cq],
+            _ => &[send_cq, recv_cq],
+        };
+        if cqs_needed.iter().any(|cq| !self.res.cqs.contains_key(cq)) {
             return Err(VerbsError::NoSuchObject("completion queue"));
         }
         if cap.max_inline_data > self.res.cfg.max_inline_data {
@@ -553,7 +576,7 @@ impl Nic {
                 ),
             });
         }
-        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 && srq.is_none() {
+        if cap.max_send_wr == 0 && cap.max_recv_wr == 0 && srq.is_none() && xrcd.is_none() {
             return Err(VerbsError::InvalidAttribute {
                 attr: "cap",
                 reason: "a QP needs a send or a receive queue".into(),
@@ -570,6 +593,7 @@ impl Nic {
         };
         let mut qp = Qp::new(Qpn(qpn), qp_type, pd, send_cq, recv_cq, cap, sq_sig_all);
         qp.srq = srq;
+        qp.xrcd = xrcd;
         self.qps.insert(qpn, qp);
         Ok(Qpn(qpn))
     }
@@ -658,13 +682,13 @@ impl Nic {
             return;
         };
         match hdr.bth.opcode.transport() {
-            Transport::Rc => {}
+            Transport::Rc | Transport::Xrc => {}
             Transport::Ud => {
                 self.deliver_ud(src, dst, &hdr, payload, data.len());
                 return;
             }
             _ => {
-                // UC, XRC and CNPs are not handled by this version of the engine.
+                // UC and CNPs are not handled by this version of the engine.
                 self.res.counters.rx_no_qp += 1;
                 return;
             }

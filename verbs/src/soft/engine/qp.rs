@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::{AsyncEvent, Payload, Resources, Transmit, state};
 use crate::error::{PostError, VerbsError};
-use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, finish_packet};
+use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, Transport, finish_packet};
 use crate::types::{
     AccessFlags, MigState, Mtu, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn,
     SendFlags, WcFlags, WcOpcode, WcStatus, WorkCompletion,
@@ -59,6 +59,8 @@ pub(crate) struct SendWqe {
     pub(crate) local_err: Option<WcStatus>,
     /// Destination of a UD send.
     pub(crate) ud: Option<crate::wr::UdDest>,
+    /// Remote XRC SRQ of an XRC send.
+    pub(crate) xrc_srqn: Option<u32>,
     pub(crate) started: bool,
     pub(crate) first_psn: Psn,
     /// PSNs this WQE consumes.
@@ -95,8 +97,11 @@ pub(crate) struct Qp {
     pub(crate) pd: u32,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
-    /// Shared receive queue the QP takes receive WQEs from, if any.
+    /// Shared receive queue the QP takes receive WQEs from, if any. For an XRC target QP:
+    /// the SRQ named by the packet being handled.
     pub(crate) srq: Option<u32>,
+    /// XRC domain of an XRC target QP.
+    pub(crate) xrcd: Option<u32>,
     pub(crate) cap: QpCap,
     pub(crate) sq_sig_all: bool,
     pub(crate) attr: QpAttr,
@@ -131,6 +136,7 @@ impl Qp {
             send_cq,
             recv_cq,
             srq: None,
+            xrcd: None,
             cap,
             sq_sig_all,
             attr,
@@ -453,6 +459,19 @@ impl Qp {
                 add,
             } => (WqeKind::FetchAdd, None, remote_addr, rkey.0, 0, add),
         };
+        match self.qp_type {
+            QpType::XrcRecv => {
+                return Err(PostError::InvalidWorkRequest(
+                    "an XRC target QP has no send queue",
+                ));
+            }
+            QpType::XrcSend if wr.remote_srqn.is_none() => {
+                return Err(PostError::InvalidWorkRequest(
+                    "an XRC send needs the remote SRQ number (SendWr::to_srq)",
+                ));
+            }
+            _ => {}
+        }
         let ud = if self.qp_type == QpType::Ud {
             Some(self.check_ud_send(res, kind, len, wr.ud)?)
         } else {
@@ -508,6 +527,7 @@ impl Qp {
             payload,
             local_err,
             ud,
+            xrc_srqn: wr.remote_srqn,
             started: false,
             first_psn: Psn::new(0),
             npsn: 0,
@@ -529,9 +549,9 @@ impl Qp {
         wr: &RecvWr<'_>,
     ) -> Result<(), PostError> {
         let st = self.state();
-        if self.srq.is_some() {
+        if self.srq.is_some() || matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
             return Err(PostError::InvalidWorkRequest(
-                "this QP takes its receives from a shared receive queue; post there",
+                "this QP has no receive queue of its own (SRQ or XRC); post to the SRQ",
             ));
         }
         if st == QpState::Reset {
@@ -589,6 +609,12 @@ impl Qp {
         };
         if path.port != port || path.remote.ip() != src.ip() || !pkey_match(hdr.bth.pkey) {
             res.counters.rx_bad_addr += 1;
+            return;
+        }
+        if self.qp_type == QpType::XrcRecv
+            && !is_response(hdr.bth.opcode.operation())
+            && !self.bind_xrc_srq(res, hdr)
+        {
             return;
         }
         if is_response(hdr.bth.opcode.operation()) {
@@ -649,6 +675,15 @@ impl Qp {
         fill: impl FnOnce(&mut [u8]),
     ) -> Option<Transmit> {
         let path = self.path?;
+        let mut xrc_hdr;
+        let hdr = if matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
+            // Same transport, XRC opcodes (spec §7); requests carry XRCETH.
+            xrc_hdr = *hdr;
+            xrc_hdr.bth.opcode = hdr.bth.opcode.with_transport(Transport::Xrc);
+            &xrc_hdr
+        } else {
+            hdr
+        };
         let hl = hdr.emit(buf).ok()?;
         let body = buf.get_mut(hl..hl + payload_len)?;
         fill(body);
@@ -672,6 +707,30 @@ impl Qp {
     /// Remote access permission the responder grants.
     pub(crate) fn allows(&self, f: AccessFlags) -> bool {
         self.attr.qp_access_flags.contains(f)
+    }
+}
+
+impl Qp {
+    /// An XRC target takes the receive WQE, the protection domain for R_Key checks and the
+    /// completion queue from the XRC SRQ named in the packet's XRCETH (spec §7). A missing
+    /// SRQ, or one of another XRC domain, is answered with a NAK remote access error.
+    fn bind_xrc_srq(&mut self, res: &mut Resources, hdr: &PacketHeaders) -> bool {
+        let Some(x) = hdr.xrceth else {
+            res.counters.rx_malformed += 1;
+            return false;
+        };
+        match res.srqs.get(&x.srqn) {
+            Some(s) if s.xrc.is_some_and(|(d, _)| Some(d) == self.xrcd) => {
+                self.srq = Some(x.srqn);
+                self.pd = s.pd;
+                self.recv_cq = s.xrc.map_or(0, |(_, cq)| cq);
+                true
+            }
+            _ => {
+                self.xrc_bad_srq(res, Psn::new(hdr.bth.psn));
+                false
+            }
+        }
     }
 }
 

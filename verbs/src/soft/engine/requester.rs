@@ -8,7 +8,7 @@ use super::qp::{Qp, SendWqe, WqeKind};
 use super::{AsyncEvent, Payload, Resources, Transmit, scatter};
 use crate::soft::wire::aeth::rnr_timer_ns;
 use crate::soft::wire::{
-    AethKind, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketHeaders, RethRepr,
+    AethKind, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketHeaders, RethRepr, XrcEthRepr,
 };
 use crate::types::{Psn, QpAttr, QpState, Qpn, SendFlags, WcStatus};
 
@@ -227,6 +227,7 @@ impl Qp {
             immdt: None,
             ieth: None,
         };
+        hdr.xrceth = w.xrc_srqn.map(|srqn| XrcEthRepr { srqn });
         let t = match w.kind {
             WqeKind::Send | WqeKind::Write => {
                 let boff = off as usize * mtu;
@@ -423,7 +424,8 @@ impl Qp {
             res.counters.rx_dropped_seq += 1;
             return;
         }
-        let op = hdr.bth.opcode;
+        // XRC responses use XRC opcodes with the same operation: compare operations.
+        let op = Opcode(hdr.bth.opcode.operation());
         if op == Opcode::RC_ACKNOWLEDGE {
             let Some(aeth) = hdr.aeth else {
                 res.counters.rx_malformed += 1;

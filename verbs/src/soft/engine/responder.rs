@@ -215,6 +215,11 @@ impl Qp {
         self.resp.push_nak(psn, code);
     }
 
+    /// An XRC request named an SRQ that does not exist or is not in this target's domain.
+    pub(crate) fn xrc_bad_srq(&mut self, res: &mut Resources, psn: Psn) {
+        self.responder_error(res, psn, Violation::RemoteAccess);
+    }
+
     /// Handles a request packet (SEND, WRITE, READ request, atomic).
     pub(crate) fn handle_request(
         &mut self,
@@ -527,7 +532,7 @@ impl Qp {
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
         };
-        let orig = if hdr.bth.opcode == Opcode::RC_COMPARE_SWAP {
+        let orig = if hdr.bth.opcode.operation() == Opcode::RC_COMPARE_SWAP.0 {
             match word.compare_exchange(a.compare, a.swap_add, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(v) | Err(v) => v,
             }

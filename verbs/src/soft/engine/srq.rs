@@ -24,6 +24,8 @@ pub(crate) struct Srq {
     pub(crate) max_sge: u32,
     /// Armed limit (0 = disarmed).
     pub(crate) limit: u32,
+    /// XRC SRQ: its XRC domain and the CQ its receive completions go to.
+    pub(crate) xrc: Option<(u32, u32)>,
 }
 
 /// SRQ attributes as reported by `query_srq`.
@@ -66,8 +68,35 @@ impl Nic {
             max_wr,
             max_sge,
             limit: 0,
+            xrc: None,
         };
         self.res.srqs.insert(id, srq);
+        Ok(id)
+    }
+
+    /// Allocates an XRC domain (`ibv_open_xrcd`).
+    pub fn alloc_xrcd(&mut self) -> u32 {
+        self.next_xrcd = self.next_xrcd.wrapping_add(1).max(1);
+        self.next_xrcd
+    }
+
+    /// Creates an XRC SRQ in `xrcd` whose receive completions go to `cq`
+    /// (`ibv_create_srq_ex` with `IBV_SRQT_XRC`). Its handle is its 24-bit SRQ number.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: u32,
+        xrcd: u32,
+        cq: u32,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<u32, VerbsError> {
+        if !self.res.cqs_contains(cq) {
+            return Err(VerbsError::NoSuchObject("completion queue"));
+        }
+        let id = self.create_srq(pd, max_wr, max_sge)?;
+        if let Some(s) = self.res.srqs.get_mut(&id) {
+            s.xrc = Some((xrcd, cq));
+        }
         Ok(id)
     }
 
