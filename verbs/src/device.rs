@@ -154,7 +154,7 @@ impl Context {
             atomic_glob: true,
             max_srq: 1 << 16,
             xrc: true,
-            auto_path_mig: false,
+            auto_path_mig: true,
             max_mcast_grp: 1 << 10,
         }
     }
@@ -179,8 +179,13 @@ impl Context {
         } else {
             Mtu::Mtu1024
         };
+        let down = self.dev().port_is_down(usize::from(port) - 1);
         Ok(PortAttr {
-            state: PortState::Active,
+            state: if down {
+                PortState::Down
+            } else {
+                PortState::Active
+            },
             max_mtu: Mtu::Mtu4096,
             active_mtu: active,
             gid_tbl_len: 1,

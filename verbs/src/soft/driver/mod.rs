@@ -129,8 +129,18 @@ pub(crate) struct Shared {
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
     tx_errors: AtomicU64,
+    /// Bit per port: sends through it fail with link or routing errors.
+    port_down: AtomicU64,
     gso: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Send errors that mean the port's link or route is gone (not a transient buffer shortage).
+fn is_link_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENETUNREACH | libc::ENETDOWN | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL)
+    )
 }
 
 /// The process-wide capture file from `RDMX_PCAP`, shared by every soft device.
@@ -232,6 +242,7 @@ impl Shared {
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new().map_err(io("eventfd"))?,
             tx_errors: AtomicU64::new(0),
+            port_down: AtomicU64::new(0),
             gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
             thread: Mutex::new(None),
         });
@@ -262,6 +273,11 @@ impl Shared {
     /// Fault-injection counters, when a plan is active.
     pub(crate) fn fault_stats(&self) -> Option<FaultStats> {
         self.faults.as_ref().map(|f| f.lock().stats())
+    }
+
+    /// True when sends through port index `port` currently fail (link or route gone).
+    pub(crate) fn port_is_down(&self, port: usize) -> bool {
+        port < 64 && self.port_down.load(Ordering::Relaxed) & (1 << port) != 0
     }
 
     /// Transmit errors (packets the kernel refused; recovered by retransmission).
@@ -396,6 +412,8 @@ impl Shared {
                 let _ = p.write_frame(ts, src, dst4791, &bufs[i][..len]);
             }
         }
+        // Ports whose sends worked / failed for lack of a route or link (bit per port).
+        let (mut sent_ok, mut link_err) = (0u64, 0u64);
         let mut i = 0;
         while i < meta.len() {
             let (port, dst, len) = meta[i];
@@ -427,6 +445,7 @@ impl Shared {
                 let to = socket2::SockAddr::from(dst);
                 match sys::send_gso(sock.as_raw_fd(), &to, &segs, len as u16) {
                     Ok(_) => {
+                        sent_ok |= 1 << port.min(63);
                         i = j;
                         continue;
                     }
@@ -438,14 +457,21 @@ impl Shared {
                 }
             }
             for k in i..j {
-                if sock.send_to(&bufs[k][..meta[k].2], meta[k].1).is_err() {
-                    self.tx_errors.fetch_add(1, Ordering::Relaxed);
+                match sock.send_to(&bufs[k][..meta[k].2], meta[k].1) {
+                    Ok(_) => sent_ok |= 1 << port.min(63),
+                    Err(e) => {
+                        self.tx_errors.fetch_add(1, Ordering::Relaxed);
+                        if is_link_error(&e) {
+                            link_err |= 1 << port.min(63);
+                        }
+                    }
                 }
             }
             i = j;
         }
         meta.clear();
         drop(tx);
+        self.track_ports(sent_ok & !link_err, link_err, now);
         if !notify.is_empty() {
             let chans = self.channels.lock();
             for cq in notify {
@@ -462,6 +488,37 @@ impl Shared {
             self.events.lock().extend(events);
             self.event_fd.signal();
         }
+    }
+
+    /// Turns send results into port state changes: a port whose sends fail with a link or
+    /// routing error goes down (`PortError`, and QPs with an armed alternate migrate at
+    /// once); a down port whose sends work again comes back (`PortActive`).
+    fn track_ports(&self, ok: u64, failed: u64, now: u64) {
+        let mut changed = Vec::new();
+        for port in 0..self.addrs.len().min(64) {
+            let bit = 1u64 << port;
+            let was_down = self.port_down.load(Ordering::Relaxed) & bit != 0;
+            if failed & bit != 0 && !was_down {
+                self.port_down.fetch_or(bit, Ordering::Relaxed);
+                changed.push((port, false));
+            } else if ok & bit != 0 && was_down {
+                self.port_down.fetch_and(!bit, Ordering::Relaxed);
+                changed.push((port, true));
+            }
+        }
+        if changed.is_empty() {
+            return;
+        }
+        let mut nic = self.nic.lock();
+        for (port, up) in changed {
+            tracing::info!(port = port + 1, up, "soft port state changed");
+            if up {
+                nic.handle_port_up(port);
+            } else {
+                nic.handle_port_down(now, port);
+            }
+        }
+        self.flush(nic, now);
     }
 
     /// Reads up to a batch of datagrams from every socket (non-blocking) and runs them and

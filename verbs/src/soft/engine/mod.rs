@@ -19,6 +19,7 @@
 //! Peers are adversaries: a malformed, misaddressed or out-of-window packet is dropped and
 //! counted in [`NicCounters`], or answered with a NAK; nothing on the network path panics.
 
+mod apm;
 mod qp;
 mod requester;
 mod responder;
@@ -146,6 +147,14 @@ pub enum AsyncEvent {
     SrqLimitReached(u32),
     /// A QP on an SRQ entered the error state and will take no more WQEs from it.
     QpLastWqeReached(Qpn),
+    /// A QP migrated to its alternate path.
+    PathMigrated(Qpn),
+    /// A QP could not migrate (no armed alternate, or the alternate failed too).
+    PathMigrationError(Qpn),
+    /// A port (1-based) became usable.
+    PortActive(u8),
+    /// A port (1-based) failed.
+    PortError(u8),
 }
 
 /// What a queue pair is created with (`ibv_qp_init_attr`, by handle).

@@ -106,6 +106,10 @@ pub(crate) struct Qp {
     pub(crate) sq_sig_all: bool,
     pub(crate) attr: QpAttr,
     pub(crate) path: Option<Path>,
+    /// The alternate path (APM).
+    pub(crate) alt_path: Option<Path>,
+    /// How many times this QP migrated.
+    pub(crate) migrations: u32,
     pub(crate) in_tx_ready: bool,
     /// Listed in the NIC's set of QPs with timers.
     pub(crate) in_timed: bool,
@@ -141,6 +145,8 @@ impl Qp {
             sq_sig_all,
             attr,
             path: None,
+            alt_path: None,
+            migrations: 0,
             in_tx_ready: false,
             in_timed: false,
             ud_next_psn: Psn::new(0),
@@ -179,12 +185,8 @@ impl Qp {
             });
         }
         self.validate_values(res, a, mask)?;
-        if mask.contains(M::PATH_MIG_STATE) && a.path_mig_state == MigState::Armed {
-            return Err(VerbsError::InvalidAttribute {
-                attr: "PATH_MIG_STATE",
-                reason: "software cannot set ARMED".into(),
-            });
-        }
+        self.check_apm(res, a, mask, to)?;
+
         // Apply the attributes named in the mask.
         let mut n = self.attr;
         macro_rules! take {
@@ -215,7 +217,7 @@ impl Qp {
         take!(M::MIN_RNR_TIMER, min_rnr_timer);
         take!(M::SQ_PSN, sq_psn);
         take!(M::MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
-        take!(M::PATH_MIG_STATE, path_mig_state);
+        // PATH_MIG_STATE is a request, applied by `apply_apm` below.
         take!(M::DEST_QPN, dest_qp_num);
         take!(M::EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
         n.qp_state = to;
@@ -262,7 +264,10 @@ impl Qp {
             }
             _ => {}
         }
-        let _ = now;
+        if matches!(to, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            let requested = mask.contains(M::PATH_MIG_STATE).then_some(a.path_mig_state);
+            self.apply_apm(now, res, mask, requested)?;
+        }
         Ok(())
     }
 
@@ -329,6 +334,8 @@ impl Qp {
         self.req = Default::default();
         self.resp = Default::default();
         self.path = None;
+        self.alt_path = None;
+        self.migrations = 0;
         let cap = self.cap;
         self.attr = QpAttr {
             cap,
@@ -607,10 +614,12 @@ impl Qp {
             res.counters.rx_no_qp += 1;
             return;
         };
-        if path.port != port || path.remote.ip() != src.ip() || !pkey_match(hdr.bth.pkey) {
+        let _ = path;
+        if !self.on_a_path(port, src) || !pkey_match(hdr.bth.pkey) {
             res.counters.rx_bad_addr += 1;
             return;
         }
+        self.on_peer_mig_req(now, res, hdr.bth.mig_req);
         if self.qp_type == QpType::XrcRecv
             && !is_response(hdr.bth.opcode.operation())
             && !self.bind_xrc_srq(res, hdr)

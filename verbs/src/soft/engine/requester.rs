@@ -89,6 +89,33 @@ impl Requester {
         }
     }
 
+    /// After a path migration: fresh retry counters, and everything unacknowledged goes out
+    /// again (on the new path) right away.
+    pub(crate) fn restart_on_new_path(&mut self, now: u64) {
+        self.retry_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        self.recovering = false;
+        self.last_nak = None;
+        // Rewind to the oldest unacknowledged PSN.
+        let una = self.una;
+        if let Some(idx) = self
+            .sq
+            .iter()
+            .position(|w| w.started && !w.last_psn().before(una))
+        {
+            if idx <= self.cursor {
+                let off = self
+                    .sq
+                    .get(idx)
+                    .map_or(0, |w| una.diff(w.first_psn).max(0) as u32);
+                self.cursor = idx;
+                self.pkt_off = off;
+            }
+        }
+        self.rto = None;
+        self.arm_rto(now);
+    }
+
     /// Sets the maximum number of unacknowledged PSNs.
     pub(crate) fn set_window(&mut self, w: u32) {
         self.window = w.clamp(1, 1 << 22);
@@ -403,6 +430,9 @@ impl Qp {
         tracing::trace!(qpn = %self.qpn, state = %self.req.summary(), "transport retry");
         let infinite = res.cfg.infinite_retry_at_7 && self.req.retry_cnt == 7;
         if self.req.retry_left == 0 && !infinite {
+            if self.migrate_on_retry_exhaustion(now, res) {
+                return;
+            }
             self.fail_front(res, WcStatus::RetryExcErr);
             return;
         }

@@ -591,3 +591,6 @@ mod errors;
 
 #[path = "sim_srq.rs"]
 mod srq;
+
+#[path = "sim_apm.rs"]
+mod apm;
