@@ -174,11 +174,8 @@ impl Context {
     /// `InvalidArgument` for a port that does not exist.
     pub fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError> {
         let addr = self.port_addr(port)?;
-        let active = if addr.ip().is_loopback() {
-            Mtu::Mtu4096
-        } else {
-            Mtu::Mtu1024
-        };
+        let _ = addr;
+        let active = self.dev().port_mtu(usize::from(port) - 1);
         let down = self.dev().port_is_down(usize::from(port) - 1);
         Ok(PortAttr {
             state: if down {

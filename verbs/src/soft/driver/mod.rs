@@ -43,6 +43,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::engine::{AsyncEvent, Nic, NicConfig, NicCounters};
 use super::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::error::VerbsError;
+use crate::types::Mtu;
 use pcap::PcapWriter;
 use sys::EventFd;
 
@@ -135,6 +136,16 @@ pub(crate) struct Shared {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// The active MTU of a port bound to `ip`: the largest IB MTU that, with the 96 bytes of
+/// IP/UDP/transport headers and ICRC a RoCEv2 packet can carry (spec §1.5, as the kernel's
+/// `iboe_get_mtu`), fits the interface MTU. Loopback (64 KiB) gives 4096, a 1500-byte link
+/// 1024. When the interface cannot be found, 1024 (safe on any Ethernet link).
+fn port_active_mtu(ip: IpAddr) -> Mtu {
+    sys::interface_mtu(ip)
+        .and_then(|m| Mtu::from_bytes_floor(m.saturating_sub(96)))
+        .unwrap_or(Mtu::Mtu1024)
+}
+
 /// Send errors that mean the port's link or route is gone (not a transient buffer shortage).
 fn is_link_error(e: &io::Error) -> bool {
     matches!(
@@ -217,6 +228,7 @@ impl Shared {
         .map(|f| Mutex::new(FaultInjector::new(f)));
         let mut cfg = NicConfig::single_port(bound[0], sys::random_u64());
         cfg.ports = bound.clone();
+        cfg.port_mtus = bound.iter().map(|a| port_active_mtu(a.ip())).collect();
         let io = |op| move |source| VerbsError::Io { op, source };
         let shared = Arc::new(Self {
             nic: Mutex::new(Nic::new(cfg)),
@@ -273,6 +285,17 @@ impl Shared {
     /// Fault-injection counters, when a plan is active.
     pub(crate) fn fault_stats(&self) -> Option<FaultStats> {
         self.faults.as_ref().map(|f| f.lock().stats())
+    }
+
+    /// Active MTU of port index `port`.
+    pub(crate) fn port_mtu(&self, port: usize) -> Mtu {
+        self.nic
+            .lock()
+            .config()
+            .port_mtus
+            .get(port)
+            .copied()
+            .unwrap_or(Mtu::Mtu1024)
     }
 
     /// True when sends through port index `port` currently fail (link or route gone).
@@ -463,6 +486,13 @@ impl Shared {
                         self.tx_errors.fetch_add(1, Ordering::Relaxed);
                         if is_link_error(&e) {
                             link_err |= 1 << port.min(63);
+                        } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                            tracing::warn!(
+                                port = port + 1,
+                                len = meta[k].2,
+                                "packet larger than the link MTU (path MTU above the port's \
+                                 active MTU?); dropped"
+                            );
                         }
                     }
                 }

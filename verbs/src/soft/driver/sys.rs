@@ -402,3 +402,59 @@ fn gro_segment(msg: &libc::msghdr) -> Option<usize> {
     }
     None
 }
+
+/// The MTU of the network interface that owns `ip` (from getifaddrs and
+/// `/sys/class/net/<ifname>/mtu`), if it can be found.
+pub(crate) fn interface_mtu(ip: std::net::IpAddr) -> Option<usize> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr whose family says how to read it; we copy
+            // it into a sockaddr_storage-sized buffer only as far as its family's size.
+            let family = libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family });
+            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let len = match family {
+                libc::AF_INET => size_of::<libc::sockaddr_in>(),
+                libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
+                _ => 0,
+            };
+            if len > 0 {
+                // SAFETY: both pointers are valid for `len` bytes and do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ifa.ifa_addr.cast::<u8>(),
+                        (&raw mut ss).cast::<u8>(),
+                        len,
+                    );
+                }
+                if sockaddr_to_std(&ss).is_some_and(|a| a.ip() == ip) && !ifa.ifa_name.is_null() {
+                    // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+                    let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+                    name = Some(n.to_string_lossy().into_owned());
+                    break;
+                }
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(head) };
+    let name = name?;
+    if name.contains('/') || name.contains("..") {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}

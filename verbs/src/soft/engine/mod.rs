@@ -61,8 +61,8 @@ pub struct NicConfig {
     pub max_inline_data: u32,
     /// Requester window: packets in flight per QP before waiting for ACKs.
     pub max_unacked_psns: u32,
-    /// Active MTU of the ports (largest UD message).
-    pub active_mtu: crate::types::Mtu,
+    /// Active MTU of each port (largest UD message; upper bound of a QP's path MTU).
+    pub port_mtus: Vec<crate::types::Mtu>,
     /// Treat `retry_cnt = 7` as "retry forever", as Linux rxe does. The verbs documents
     /// define 7 = infinite only for `rnr_retry`, so the default is false (seven retries).
     pub infinite_retry_at_7: bool,
@@ -78,7 +78,7 @@ impl NicConfig {
             max_inline_data: 1024,
             max_unacked_psns: 256,
             infinite_retry_at_7: false,
-            active_mtu: crate::types::Mtu::Mtu4096,
+            port_mtus: vec![crate::types::Mtu::Mtu4096],
         }
     }
 }

@@ -7,8 +7,8 @@ use super::{AsyncEvent, Payload, Resources, Transmit, state};
 use crate::error::{PostError, VerbsError};
 use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, Transport, finish_packet};
 use crate::types::{
-    AccessFlags, MigState, Mtu, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn,
-    SendFlags, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, MigState, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn, SendFlags,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wr::{RecvWr, SendWr, Sge, WrOpcode};
 
@@ -318,8 +318,26 @@ impl Qp {
                 format!("{:#x} is not a 24-bit QPN", a.dest_qp_num),
             );
         }
-        if mask.contains(M::PATH_MTU) && a.path_mtu > Mtu::Mtu4096 {
-            return bad("PATH_MTU", "larger than the port's active MTU".into());
+        if mask.contains(M::PATH_MTU) {
+            let port = if mask.contains(M::PORT) {
+                a.port_num
+            } else {
+                self.attr.port_num
+            };
+            let active = res
+                .cfg
+                .port_mtus
+                .get(usize::from(port).saturating_sub(1))
+                .copied();
+            if active.is_some_and(|m| a.path_mtu > m) {
+                return bad(
+                    "PATH_MTU",
+                    format!(
+                        "{} bytes is larger than port {port}'s active MTU",
+                        a.path_mtu.bytes()
+                    ),
+                );
+            }
         }
         if mask.contains(M::AV) && a.ah_attr.dgid.is_multicast() {
             return bad(

@@ -28,6 +28,7 @@ impl TwoLinks {
         let nic = |i: usize| {
             let mut c = NicConfig::single_port(addrs[i][0], seed ^ i as u64);
             c.ports = addrs[i].to_vec();
+            c.port_mtus = vec![Mtu::Mtu4096; 2];
             Nic::new(c)
         };
         Self {

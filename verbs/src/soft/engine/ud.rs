@@ -33,18 +33,15 @@ impl Qp {
                 "a UD send needs an address handle, remote QPN and Q_Key (SendWr::to)",
             ));
         };
-        let mtu = res.cfg.active_mtu.bytes() as u64;
-        if len > mtu {
-            return Err(PostError::MessageTooLong { len, max: mtu });
-        }
-        if usize::from(d.ah.port_num)
-            .checked_sub(1)
-            .and_then(|p| res.cfg.ports.get(p))
-            .is_none()
-        {
+        let port = usize::from(d.ah.port_num).checked_sub(1);
+        let Some(mtu) = port.and_then(|p| res.cfg.port_mtus.get(p)) else {
             return Err(PostError::InvalidWorkRequest(
                 "the address handle names no local port",
             ));
+        };
+        let mtu = mtu.bytes() as u64;
+        if len > mtu {
+            return Err(PostError::MessageTooLong { len, max: mtu });
         }
         Ok(d)
     }
