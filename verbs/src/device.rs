@@ -276,6 +276,12 @@ impl Context {
         self.dev().fault_stats()
     }
 
+    /// Packets that could not be sent because their destination was unreachable (no
+    /// route); counted, not a port failure.
+    pub fn tx_unreachable(&self) -> u64 {
+        self.dev().tx_unreachable()
+    }
+
     /// Packets the kernel refused to send (each recovered by retransmission).
     pub fn tx_errors(&self) -> u64 {
         self.dev().tx_errors()

@@ -130,8 +130,12 @@ pub(crate) struct Shared {
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
     tx_errors: AtomicU64,
-    /// Bit per port: sends through it fail with link or routing errors.
+    /// Bit per port: its link is down (sends failed and the interface says so).
     port_down: AtomicU64,
+    /// The network interface of each port, when known.
+    ifnames: Vec<Option<String>>,
+    /// Sends that failed because the destination was unreachable (not a port failure).
+    tx_unreachable: AtomicU64,
     gso: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -140,8 +144,9 @@ pub(crate) struct Shared {
 /// IP/UDP/transport headers and ICRC a RoCEv2 packet can carry (spec §1.5, as the kernel's
 /// `iboe_get_mtu`), fits the interface MTU. Loopback (64 KiB) gives 4096, a 1500-byte link
 /// 1024. When the interface cannot be found, 1024 (safe on any Ethernet link).
-fn port_active_mtu(ip: IpAddr) -> Mtu {
-    sys::interface_mtu(ip)
+fn port_active_mtu(ifname: Option<&str>) -> Mtu {
+    ifname
+        .and_then(sys::interface_mtu)
         .and_then(|m| Mtu::from_bytes_floor(m.saturating_sub(96)))
         .unwrap_or(Mtu::Mtu1024)
 }
@@ -228,7 +233,12 @@ impl Shared {
         .map(|f| Mutex::new(FaultInjector::new(f)));
         let mut cfg = NicConfig::single_port(bound[0], sys::random_u64());
         cfg.ports = bound.clone();
-        cfg.port_mtus = bound.iter().map(|a| port_active_mtu(a.ip())).collect();
+        let ifnames: Vec<Option<String>> =
+            bound.iter().map(|a| sys::interface_of(a.ip())).collect();
+        cfg.port_mtus = ifnames
+            .iter()
+            .map(|n| port_active_mtu(n.as_deref()))
+            .collect();
         let io = |op| move |source| VerbsError::Io { op, source };
         let shared = Arc::new(Self {
             nic: Mutex::new(Nic::new(cfg)),
@@ -255,6 +265,8 @@ impl Shared {
             event_fd: EventFd::new().map_err(io("eventfd"))?,
             tx_errors: AtomicU64::new(0),
             port_down: AtomicU64::new(0),
+            ifnames,
+            tx_unreachable: AtomicU64::new(0),
             gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
             thread: Mutex::new(None),
         });
@@ -301,6 +313,11 @@ impl Shared {
     /// True when sends through port index `port` currently fail (link or route gone).
     pub(crate) fn port_is_down(&self, port: usize) -> bool {
         port < 64 && self.port_down.load(Ordering::Relaxed) & (1 << port) != 0
+    }
+
+    /// Sends refused because the destination was unreachable.
+    pub(crate) fn tx_unreachable(&self) -> u64 {
+        self.tx_unreachable.load(Ordering::Relaxed)
     }
 
     /// Transmit errors (packets the kernel refused; recovered by retransmission).
@@ -485,7 +502,18 @@ impl Shared {
                     Err(e) => {
                         self.tx_errors.fetch_add(1, Ordering::Relaxed);
                         if is_link_error(&e) {
-                            link_err |= 1 << port.min(63);
+                            // A routing error is a port failure only when the port's own
+                            // link is down; otherwise this destination is unreachable.
+                            let down = self
+                                .ifnames
+                                .get(port)
+                                .and_then(Option::as_deref)
+                                .is_some_and(sys::interface_link_down);
+                            if down {
+                                link_err |= 1 << port.min(63);
+                            } else {
+                                self.tx_unreachable.fetch_add(1, Ordering::Relaxed);
+                            }
                         } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
                             tracing::warn!(
                                 port = port + 1,

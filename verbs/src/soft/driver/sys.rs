@@ -403,9 +403,25 @@ fn gro_segment(msg: &libc::msghdr) -> Option<usize> {
     None
 }
 
-/// The MTU of the network interface that owns `ip` (from getifaddrs and
-/// `/sys/class/net/<ifname>/mtu`), if it can be found.
-pub(crate) fn interface_mtu(ip: std::net::IpAddr) -> Option<usize> {
+/// The MTU of a network interface (`/sys/class/net/<ifname>/mtu`).
+pub(crate) fn interface_mtu(name: &str) -> Option<usize> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// True when the interface's operational state says its link is down (`down`,
+/// `lowerlayerdown`, `notpresent`); `up` and `unknown` (loopback) count as up.
+pub(crate) fn interface_link_down(name: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/operstate"))
+        .map(|s| matches!(s.trim(), "down" | "lowerlayerdown" | "notpresent"))
+        .unwrap_or(false)
+}
+
+/// The name of the network interface that owns `ip` (from getifaddrs), if any.
+pub(crate) fn interface_of(ip: std::net::IpAddr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
