@@ -1,5 +1,6 @@
 //! End-to-end tests of the `rdmx` binary: `rdmx devices`, and `rdmx perf --local` for every
-//! test (client and server as two processes over the soft provider).
+//! test over RC and for the UD ones (client and server as two processes over the soft
+//! provider).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -55,7 +56,16 @@ fn wait_with_deadline(mut child: Child, what: &str) -> Output {
 }
 
 fn run(args: &[&str]) -> Output {
-    let child = rdmx()
+    run_with_faults(args, None)
+}
+
+/// Runs `rdmx args` with the soft provider's `RDMX_FAULTS` set to `faults` (both processes).
+fn run_with_faults(args: &[&str], faults: Option<&str>) -> Output {
+    let mut cmd = rdmx();
+    if let Some(f) = faults {
+        cmd.env("RDMX_FAULTS", f);
+    }
+    let child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -99,6 +109,10 @@ fn positive(v: &Value, key: &str) -> f64 {
 }
 
 fn check_result(v: &Value, test: &str, size: u64, iters: u64) {
+    check_result_on(v, "rc", test, size, iters);
+}
+
+fn check_result_on(v: &Value, transport: &str, test: &str, size: u64, iters: u64) {
     for key in [
         "test",
         "size",
@@ -115,7 +129,7 @@ fn check_result(v: &Value, test: &str, size: u64, iters: u64) {
         assert!(v.get(key).is_some(), "key {key} missing in {v}");
     }
     assert_eq!(v["test"], test);
-    assert_eq!(v["transport"], "rc");
+    assert_eq!(v["transport"], transport, "{v}");
     assert_eq!(v["size"].as_u64(), Some(size), "{v}");
     assert_eq!(v["iters"].as_u64(), Some(iters), "{v}");
     assert!(v["busy_poll"].is_boolean(), "{v}");
@@ -226,11 +240,125 @@ fn devices_lists_the_soft_device() {
 }
 
 #[test]
-fn ud_transport_is_rejected_clearly() {
-    let out = run(&["perf", "--local", "--test", "send_lat", "--transport", "ud"]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("not supported yet"), "{stderr}");
+fn ud_send_lat() {
+    let lines = perf_json("send_lat", "64", 500, &["--transport", "ud"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_result_on(&lines[0], "ud", "send_lat", 64, 500);
+    assert!(lines[0].get("ud_dropped").is_none(), "{}", lines[0]);
+}
+
+#[test]
+fn ud_send_lat_busy_poll_several_sizes() {
+    let lines = perf_json(
+        "send_lat",
+        "1,4096",
+        100,
+        &["--transport", "ud", "--busy-poll"],
+    );
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (v, size) in lines.iter().zip([1, 4096]) {
+        check_result_on(v, "ud", "send_lat", size, 100);
+    }
+}
+
+#[test]
+fn ud_send_bw() {
+    let lines = perf_json("send_bw", "1024", 5000, &["--transport", "ud"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    check_result_on(v, "ud", "send_bw", 1024, 5000);
+    let dropped = v["ud_dropped"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("ud_dropped missing in {v}"));
+    // Loopback with credits: nothing should be lost, but UD may drop a few under overload.
+    assert!(dropped <= 51, "{dropped} of 5100 datagrams dropped: {v}");
+}
+
+#[test]
+fn ud_send_bw_busy_poll_small_window() {
+    let extra = [
+        "--transport",
+        "ud",
+        "--busy-poll",
+        "--tx-depth",
+        "4",
+        "--rx-depth",
+        "16",
+    ];
+    let lines = perf_json("send_bw", "8", 2000, &extra);
+    check_result_on(&lines[0], "ud", "send_bw", 8, 2000);
+    assert!(lines[0]["ud_dropped"].as_u64().is_some(), "{}", lines[0]);
+}
+
+#[test]
+fn ud_send_bw_human_output_reports_drops() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = run(&[
+        "perf",
+        "--local",
+        "--transport",
+        "ud",
+        "--test",
+        "send_bw",
+        "--size",
+        "256",
+        "--iters",
+        "1000",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(header.trim_end().ends_with("dropped"), "{stdout}");
+    let row = lines.next().unwrap_or_default();
+    assert!(row.starts_with("send_bw"), "{stdout}");
+    let dropped: u64 = row
+        .split_whitespace()
+        .last()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in {row:?}"));
+    assert!(dropped <= 11, "{stdout}");
+}
+
+/// Runs a command that must fail; returns its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "rdmx {args:?} succeeded");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+#[test]
+fn ud_refuses_rdma_tests_clearly() {
+    for test in ["write_bw", "write_lat", "read_lat", "read_bw", "atomic_lat"] {
+        let e = fails(&["perf", "--local", "--transport", "ud", "--test", test]);
+        assert!(
+            e.contains("supports only the send_lat and send_bw"),
+            "{test}: {e}"
+        );
+    }
+}
+
+#[test]
+fn ud_refuses_messages_above_the_mtu() {
+    for test in ["send_bw", "send_lat"] {
+        let args = [
+            "perf",
+            "--local",
+            "--transport",
+            "ud",
+            "--test",
+            test,
+            "--size",
+            "5000",
+        ];
+        let e = fails(&args);
+        assert!(
+            e.contains("--size 5000 is too large") && e.contains("4096"),
+            "{test}: {e}"
+        );
+    }
 }
 
 #[test]
@@ -256,4 +384,60 @@ fn server_rejects_a_garbage_peer() {
         stderr.contains("exceeds") && !stderr.contains("panicked"),
         "{stderr}"
     );
+}
+
+#[test]
+fn ud_send_bw_reports_lost_datagrams() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "perf",
+        "--local",
+        "--transport",
+        "ud",
+        "--test",
+        "send_bw",
+        "--size",
+        "512",
+        "--iters",
+        "3000",
+        "--json",
+    ];
+    let out = run_with_faults(&args, Some("seed=11,drop=3%"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    check_result_on(&v, "ud", "send_bw", 512, 3000);
+    let dropped = v["ud_dropped"].as_u64().expect("ud_dropped");
+    // 3 % of 3100 data datagrams, give or take (lost credits only slow the client down).
+    assert!((30..=250).contains(&dropped), "{dropped} dropped: {v}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("dropped"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn ud_send_lat_fails_on_a_lost_datagram_instead_of_hanging() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "perf",
+        "--local",
+        "--transport",
+        "ud",
+        "--test",
+        "send_lat",
+        "--iters",
+        "100000",
+    ];
+    let t0 = Instant::now();
+    let out = run_with_faults(&args, Some("seed=5,drop=5%"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(40), "{stderr}");
+    assert!(
+        stderr.contains("message ") && stderr.contains("timed out"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -11,13 +11,17 @@ use rdmx::verbs::{Context, ProtectionDomain};
 use super::endpoint::{Endpoint, EpSpec, Role};
 use super::exchange::{self, IO_TIMEOUT, Msg, TestParams, expect_msg, unexpected, write_msg};
 use super::report::{PerfResult, Printer, Progress};
-use super::{MAX_ITERS, MAX_RX_DEPTH, MAX_SIZE, MAX_TX_DEPTH, PerfArgs, TestKind, bw, lat};
+use super::{
+    MAX_ITERS, MAX_RX_DEPTH, MAX_SIZE, MAX_TX_DEPTH, PerfArgs, TestKind, Transport, bw, lat,
+};
 use crate::error::{Error, Result, ResultExt};
 
 /// Client options, validated.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
     test: TestKind,
+    transport: Transport,
+    /// Empty for UD send_bw without --size: the port's MTU, once the device is open.
     sizes: Vec<u64>,
     iters: u64,
     warmup: u64,
@@ -35,8 +39,13 @@ impl ClientConfig {
         let test = a.test.ok_or_else(|| {
             Error::msg("--test is required (send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw)")
         })?;
+        a.transport.check_test(test)?;
         let mut sizes = if a.size.is_empty() {
-            vec![if test.is_lat() { 8 } else { 65536 }]
+            match (test.is_lat(), a.transport) {
+                (true, _) => vec![8],
+                (false, Transport::Rc) => vec![65536],
+                (false, Transport::Ud) => Vec::new(),
+            }
         } else {
             a.size.clone()
         };
@@ -77,6 +86,7 @@ impl ClientConfig {
         }
         Ok(Self {
             test,
+            transport: a.transport,
             sizes,
             iters,
             warmup,
@@ -89,9 +99,32 @@ impl ClientConfig {
         })
     }
 
+    /// Checks the sizes against the device, before anything runs: UD messages must fit in
+    /// one packet of the port's active MTU (which is also the default UD send_bw size).
+    fn check_device(&self, ctx: &Context) -> Result<Self> {
+        let mut cfg = self.clone();
+        if cfg.transport != Transport::Ud {
+            return Ok(cfg);
+        }
+        let port = ctx.query_port(1).ctx("querying port 1")?;
+        let mtu = port.active_mtu.bytes() as u64;
+        if cfg.sizes.is_empty() {
+            cfg.sizes = vec![mtu];
+        }
+        if let Some(&s) = cfg.sizes.iter().find(|&&s| s > mtu) {
+            return Err(Error::msg(format!(
+                "--size {s} is too large for --transport ud: a UD message must fit in one \
+                 packet, and the active MTU of {} port 1 is {mtu} bytes",
+                ctx.name()
+            )));
+        }
+        Ok(cfg)
+    }
+
     fn params(&self, size: u64) -> TestParams {
         TestParams {
             test: self.test,
+            transport: self.transport,
             size,
             iters: self.iters,
             warmup: self.warmup,
@@ -127,13 +160,14 @@ fn connect(target: &str) -> Result<TcpStream> {
 /// Runs every size against the server at `target`.
 pub(crate) fn run(cfg: &ClientConfig, target: &str) -> Result<()> {
     let ctx = super::open_device(cfg.device.as_deref())?;
-    run_with(&ctx, cfg, target)
+    let cfg = cfg.check_device(&ctx)?;
+    run_with(&ctx, &cfg, target)
 }
 
 fn run_with(ctx: &Context, cfg: &ClientConfig, target: &str) -> Result<()> {
     let pd = ctx.alloc_pd().ctx("allocating a protection domain")?;
     let mut stream = connect(target)?;
-    let mut printer = Printer::new(cfg.json);
+    let mut printer = Printer::new(cfg.json, cfg.transport == Transport::Ud);
     for &size in &cfg.sizes {
         let p = cfg.params(size);
         match run_round(ctx, &pd, &mut stream, cfg, &p) {
@@ -194,7 +228,15 @@ fn run_round(
         p.test,
         TestKind::SendLat | TestKind::WriteLat | TestKind::SendBw
     );
-    if counted && report.received != p.total() {
+    let ud_bw = p.transport == Transport::Ud && p.test == TestKind::SendBw;
+    if ud_bw && report.received > p.total() {
+        return Err(Error::msg(format!(
+            "the server received {} messages, {} were sent",
+            report.received,
+            p.total()
+        )));
+    }
+    if counted && !ud_bw && report.received != p.total() {
         return Err(Error::msg(format!(
             "the server received {} of {} messages",
             report.received,
@@ -210,7 +252,22 @@ fn run_round(
     }
     super::check_received(&ep, p, Role::Client)?;
     tracing::debug!(counters = ?ctx.counters(), tx_errors = ctx.tx_errors(), "client NIC");
-    Ok(PerfResult::new(p, &m, ctx.name(), cfg.busy_poll, ep.mtu()))
+    let mut r = PerfResult::new(p, &m, ctx.name(), cfg.busy_poll, ep.mtu());
+    if ud_bw {
+        let dropped = p.total() - report.received;
+        let measured = report.received.saturating_sub(m.ud_base).min(p.iters);
+        r.set_ud_counts(measured, dropped);
+        if dropped * 100 > p.total() {
+            eprintln!(
+                "rdmx perf: warning: UD send_bw with {}-byte messages: {dropped} of {} \
+                 datagrams ({:.2} %) were dropped (lost, or the server could not keep up)",
+                p.size,
+                p.total(),
+                100.0 * dropped as f64 / p.total() as f64
+            );
+        }
+    }
+    Ok(r)
 }
 
 /// A child process that is killed and reaped when dropped.
@@ -302,8 +359,10 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
             }
         }
     }
-    // Open our side first: a bad device name is reported once, before anything starts.
+    // Open our side first: a bad device name or size is reported once, before anything
+    // starts.
     let ctx = super::open_device(cfg.device.as_deref())?;
+    let cfg = &cfg.check_device(&ctx)?;
     let exe = std::env::current_exe().ctx("locating the rdmx executable")?;
     let mut cmd = Command::new(exe);
     cmd.args([

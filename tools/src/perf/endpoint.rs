@@ -1,5 +1,7 @@
-//! One side of a test round: completion queue, RC queue pair and memory region, the QP
-//! state transitions, posting, and bounded completion polling.
+//! One side of a test round: completion queue, RC or UD queue pair and memory region, the
+//! QP state transitions, posting, and bounded completion polling.
+
+mod ud;
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -10,101 +12,25 @@ use rdmx::verbs::{
     WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
-use super::exchange::{self, EndpointInfo, Msg, TestParams};
-use super::{CLIENT_SEED, SERVER_SEED, TestKind};
+use super::Transport;
+use super::exchange::{self, EndpointInfo, Msg};
+pub(crate) use super::spec::{EpSpec, Layout, Role};
 use crate::error::{Error, Result, ResultExt};
 
 /// A wait without any completion (or other progress) for this long is an error.
 pub(crate) const PROGRESS_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often an idle wait checks whether the peer gave up.
 const WATCH_EVERY: Duration = Duration::from_millis(100);
-/// Send / receive queue depth of the latency tests.
-const LAT_DEPTH: u32 = 16;
 
-/// Where things are in a side's memory region (the same on both sides for a given size).
+/// How [`Endpoint::wait`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Layout {
-    /// Message size.
-    pub(crate) size: usize,
-    /// Offset of the buffer sends and writes come from, and reads and atomics target.
-    pub(crate) tx_off: usize,
-    /// Offset of the buffer receives, writes, read results and atomic results land in.
-    pub(crate) rx_off: usize,
-    /// Length of the region.
-    pub(crate) len: usize,
-}
-
-impl Layout {
-    /// The layout for `size`-byte messages.
-    pub(crate) fn new(size: u64) -> Self {
-        let size = size as usize;
-        let slot = size.next_multiple_of(64).max(64);
-        Self {
-            size,
-            tx_off: 0,
-            rx_off: slot,
-            len: 2 * slot,
-        }
-    }
-}
-
-/// Which side of the test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// Runs the test and measures.
-    Client,
-    /// Answers.
-    Server,
-}
-
-/// Resources a side needs for a test.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct EpSpec {
-    size: u64,
-    sq_depth: u32,
-    rx_depth: u32,
-    inline_size: u32,
-    /// Pattern seed the transmit buffer is filled with (`None`: left zeroed).
-    seed: Option<u8>,
-    /// Every receive completion must carry exactly this many bytes.
-    recv_len: Option<u32>,
-}
-
-impl EpSpec {
-    /// What `role` needs to run `p`.
-    pub(crate) fn for_test(p: &TestParams, role: Role) -> Self {
-        let client = role == Role::Client;
-        let seed = Some(if client { CLIENT_SEED } else { SERVER_SEED });
-        let mut s = Self {
-            size: p.size,
-            sq_depth: LAT_DEPTH,
-            rx_depth: 0,
-            inline_size: p.inline_size,
-            seed,
-            recv_len: None,
-        };
-        match p.test {
-            TestKind::SendLat => {
-                s.rx_depth = LAT_DEPTH;
-                s.recv_len = Some(p.size as u32);
-            }
-            TestKind::WriteLat => s.rx_depth = if p.mem_poll { 0 } else { LAT_DEPTH },
-            TestKind::ReadLat => {}
-            TestKind::AtomicLat => s.seed = None,
-            TestKind::SendBw | TestKind::WriteBw | TestKind::ReadBw if client => {
-                s.sq_depth = p.tx_depth;
-            }
-            TestKind::SendBw => {
-                s.rx_depth = p.rx_depth;
-                s.recv_len = Some(p.size as u32);
-            }
-            TestKind::WriteBw | TestKind::ReadBw => {}
-        }
-        if !client && p.test.is_one_sided() {
-            s.sq_depth = 1;
-        }
-        s
-    }
+pub(crate) enum Waited {
+    /// The condition holds.
+    Done,
+    /// Nothing completed for the given quiet time.
+    Quiet,
+    /// The peer wrote on the side channel (left unread).
+    PeerSpoke,
 }
 
 /// A send-queue operation of the tests; buffers follow [`Layout`].
@@ -120,6 +46,8 @@ pub(crate) enum Op {
     Read,
     /// Fetch-and-add 1 on the peer's first word; the old value lands in the receive buffer.
     FetchAdd,
+    /// A send with no payload and this immediate (UD send_bw credits).
+    Credit(u32),
 }
 
 /// One side's verbs resources and counters for a round.
@@ -130,6 +58,10 @@ pub(crate) struct Endpoint {
     cq: CompletionQueue,
     mr: MemoryRegion,
     ctx: Context,
+    /// UD: the path to the peer (after `connect`).
+    ud: Option<ud::UdPeer>,
+    pd: ProtectionDomain,
+    transport: Transport,
     layout: Layout,
     psn: u32,
     port_mtu: Mtu,
@@ -169,7 +101,10 @@ impl Endpoint {
         let cq = ctx
             .create_cq(cqe, None)
             .ctx("creating a completion queue")?;
-        let mut init = QpInitAttr::rc(&cq, &cq);
+        let mut init = match spec.transport {
+            Transport::Rc => QpInitAttr::rc(&cq, &cq),
+            Transport::Ud => QpInitAttr::ud(&cq, &cq),
+        };
         init.cap = QpCap {
             max_send_wr: spec.sq_depth,
             max_recv_wr: spec.rx_depth.max(1),
@@ -177,8 +112,10 @@ impl Endpoint {
             max_recv_sge: 1,
             max_inline_data: inline_size,
         };
-        let qp = pd.create_qp(&init).ctx("creating an RC queue pair")?;
-        let layout = Layout::new(spec.size);
+        let qp = pd
+            .create_qp(&init)
+            .with_ctx(|| format!("creating a {} queue pair", spec.transport.upper()))?;
+        let layout = Layout::new(spec.size, spec.transport);
         let access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
@@ -190,17 +127,23 @@ impl Endpoint {
             mr.write(layout.tx_off, &super::pattern(seed, layout.size))
                 .ctx("filling the transmit buffer")?;
         }
-        let attr = QpAttr {
+        let mut attr = QpAttr {
             qp_state: QpState::Init,
             pkey_index: 0,
             port_num: 1,
-            qp_access_flags: access,
             ..QpAttr::default()
         };
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::PKEY_INDEX
-            | QpAttrMask::PORT
-            | QpAttrMask::ACCESS_FLAGS;
+        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+        match spec.transport {
+            Transport::Rc => {
+                attr.qp_access_flags = access;
+                mask |= QpAttrMask::ACCESS_FLAGS;
+            }
+            Transport::Ud => {
+                attr.qkey = ud::QKEY;
+                mask |= QpAttrMask::QKEY;
+            }
+        }
         qp.modify(&attr, mask).ctx("moving the QP to INIT")?;
         let port_mtu = ctx.query_port(1).ctx("querying port 1")?.active_mtu;
         let mut ep = Self {
@@ -208,6 +151,9 @@ impl Endpoint {
             cq,
             mr,
             ctx: ctx.clone(),
+            ud: None,
+            pd: pd.clone(),
+            transport: spec.transport,
             layout,
             psn: super::random_psn(),
             port_mtu,
@@ -257,8 +203,11 @@ impl Endpoint {
             .ok_or_else(|| Error::msg(format!("peer's MTU {} is below 256 bytes", remote.mtu)))
     }
 
-    /// Connects the QP to `remote`: INIT -> RTR -> RTS.
+    /// Connects the QP to `remote`: INIT -> RTR -> RTS (UD: and makes the address handle).
     pub(crate) fn connect(&mut self, remote: &EndpointInfo) -> Result<()> {
+        if self.transport == Transport::Ud {
+            return self.connect_ud(remote);
+        }
         if (remote.mr_len as usize) < self.layout.len {
             return Err(Error::msg(format!(
                 "peer's memory region has {} bytes, the test needs {}",
@@ -305,6 +254,11 @@ impl Endpoint {
         Ok(())
     }
 
+    /// UD queue pair (as opposed to RC).
+    pub(crate) fn is_ud(&self) -> bool {
+        self.transport == Transport::Ud
+    }
+
     /// The buffer layout.
     pub(crate) fn layout(&self) -> Layout {
         self.layout
@@ -346,7 +300,8 @@ impl Endpoint {
     }
 
     fn post_recv(&mut self) -> Result<()> {
-        let sge = [self.mr.sge(self.layout.rx_off, self.layout.size)];
+        let l = self.layout;
+        let sge = [self.mr.sge(l.rx_off, l.grh + l.size)];
         let wr = RecvWr::new(self.recvs_posted, &sge);
         self.qp.post_recv(&wr).ctx("posting a receive")?;
         self.recvs_posted += 1;
@@ -399,6 +354,7 @@ impl Endpoint {
                 };
                 (opc, l.rx_off, 8, false)
             }
+            Op::Credit(imm) => (WrOpcode::SendWithImm { imm }, l.tx_off, 0, false),
         })
     }
 
@@ -428,7 +384,11 @@ impl Endpoint {
                 } else {
                     flags
                 };
-                SendWr::new(id, opcode, &sge).flags(f)
+                let wr = SendWr::new(id, opcode, &sge).flags(f);
+                match &self.ud {
+                    Some(peer) => wr.to(&peer.ah, peer.qpn, ud::QKEY),
+                    None => wr,
+                }
             })
             .collect();
         let r = if let [wr] = wrs.as_slice() {
@@ -470,10 +430,19 @@ impl Endpoint {
         match wc.opcode {
             WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => {
                 if let Some(want) = self.recv_len {
+                    let want = want + self.layout.grh as u32;
                     if wc.byte_len != want {
                         return Err(Error::msg(format!(
                             "receive wr_id {} got {} bytes, expected {want}",
                             wc.wr_id, wc.byte_len
+                        )));
+                    }
+                }
+                if let Some(peer) = &self.ud {
+                    if wc.src_qp != peer.qpn {
+                        return Err(Error::msg(format!(
+                            "datagram from {}, expected one from the peer's {}",
+                            wc.src_qp, peer.qpn
                         )));
                     }
                 }
@@ -517,16 +486,31 @@ impl Endpoint {
     pub(crate) fn wait_until(
         &mut self,
         what: &str,
-        mut done: impl FnMut(&Self) -> Result<bool>,
+        done: impl FnMut(&Self) -> Result<bool>,
     ) -> Result<()> {
+        self.wait(what, None, false, done).map(|_| ())
+    }
+
+    /// Polls until `done` holds, or (with `quiet`) until nothing completed for that long, or
+    /// (with `peer_ends`) until the peer writes on the side channel, leaving the message
+    /// unread. Fails when nothing completes for [`PROGRESS_TIMEOUT`], and (without
+    /// `peer_ends`) when the peer reports an error.
+    pub(crate) fn wait(
+        &mut self,
+        what: &str,
+        quiet: Option<Duration>,
+        peer_ends: bool,
+        mut done: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<Waited> {
+        let block = quiet.map_or(WATCH_EVERY, |q| q.min(WATCH_EVERY));
         let mut idle_since: Option<Instant> = None;
         let mut last_watch = Instant::now();
         let mut spins = 0u32;
         loop {
             if done(self)? {
-                return Ok(());
+                return Ok(Waited::Done);
             }
-            if self.poll_once(WATCH_EVERY)? > 0 {
+            if self.poll_once(block)? > 0 {
                 idle_since = None;
                 spins = 0;
                 continue;
@@ -537,6 +521,12 @@ impl Endpoint {
             }
             let now = Instant::now();
             let since = *idle_since.get_or_insert(now);
+            if quiet.is_some_and(|q| now - since >= q) {
+                if !peer_ends {
+                    self.check_peer(what)?;
+                }
+                return Ok(Waited::Quiet);
+            }
             if now - since >= PROGRESS_TIMEOUT {
                 return Err(Error::msg(format!(
                     "timed out waiting for {what} (nothing completed for {} s)",
@@ -545,6 +535,9 @@ impl Endpoint {
             }
             if now - last_watch >= WATCH_EVERY {
                 last_watch = now;
+                if peer_ends && self.watch.as_ref().is_some_and(exchange::peer_spoke) {
+                    return Ok(Waited::PeerSpoke);
+                }
                 self.check_peer(what)?;
             }
         }

@@ -19,6 +19,9 @@
 //!   (next size: Setup ... | Bye)
 //! ```
 //!
+//! (UD send_bw's flow control, the server's credits, goes over the UD queue pairs, not
+//! here; the server's `Report` says how many datagrams really arrived.)
+//!
 //! Either side may send `Error` instead of the expected message and close.
 
 use std::io::{self, Read, Write};
@@ -28,13 +31,13 @@ use std::time::Duration;
 use bincode::Options;
 use serde::{Deserialize, Serialize};
 
-use super::TestKind;
+use super::{TestKind, Transport};
 use crate::error::{Error, Result, ResultExt};
 
 /// Frame magic.
 pub(crate) const MAGIC: [u8; 4] = *b"RDMX";
 /// Protocol version; bump on any change of [`Msg`].
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 /// Largest frame body accepted.
 pub(crate) const MAX_FRAME: usize = 64 * 1024;
 /// How long a read or write on the side channel may block.
@@ -66,6 +69,8 @@ pub(crate) struct EndpointInfo {
 pub(crate) struct TestParams {
     /// The test.
     pub(crate) test: TestKind,
+    /// RC or UD queue pairs.
+    pub(crate) transport: Transport,
     /// Message size in bytes.
     pub(crate) size: u64,
     /// Measured iterations.
@@ -123,7 +128,7 @@ impl TestParams {
         if self.test == TestKind::AtomicLat && self.size != 8 {
             return Err(Error::msg("atomic_lat works on 8-byte words"));
         }
-        Ok(())
+        self.transport.check_test(self.test)
     }
 }
 
@@ -350,6 +355,7 @@ mod tests {
         Msg::Setup {
             params: TestParams {
                 test: TestKind::WriteBw,
+                transport: Transport::Rc,
                 size: 65536,
                 iters: 1000,
                 warmup: 100,
@@ -480,5 +486,10 @@ mod tests {
         params.size = 8;
         params.tx_depth = 0;
         assert!(params.validate().is_err());
+        params.tx_depth = 128;
+        params.transport = Transport::Ud;
+        assert!(params.validate().is_err(), "UD write_bw accepted");
+        params.test = TestKind::SendBw;
+        assert!(params.validate().is_ok());
     }
 }

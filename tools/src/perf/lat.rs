@@ -16,6 +16,8 @@ pub(crate) struct Measured {
     pub(crate) rtt_ns: Vec<u64>,
     /// Wall time of the measured iterations.
     pub(crate) elapsed: Duration,
+    /// UD send_bw: the server's receive count (credited) when the measurement started.
+    pub(crate) ud_base: u64,
 }
 
 /// The value write_lat puts in the last byte at iteration `i` (never 0, never the value of
@@ -50,9 +52,20 @@ fn last_bytes(ep: &Endpoint) -> (usize, usize) {
 }
 
 /// Waits for the peer's message number `i` (a receive completion) and checks its immediate.
+/// A timeout names the message (over UD a lost datagram ends the test that way).
 fn wait_message(ep: &mut Endpoint, i: u64, imm: bool, what: &str) -> Result<()> {
     let want = i + 1;
-    ep.wait_until(what, |e| Ok(e.recvs_done >= want))?;
+    ep.wait_until(what, |e| Ok(e.recvs_done >= want))
+        .map_err(|e| {
+            let hint = if ep.is_ud() && e.to_string().starts_with("timed out") {
+                "; UD does not retransmit, so a lost datagram ends the test"
+            } else {
+                ""
+            };
+            Error::msg(format!(
+                "message {i} (counting from 0, warm-up included): {e}{hint}"
+            ))
+        })?;
     if imm && ep.last_recv.imm() != Some(i as u32) {
         return Err(Error::msg(format!(
             "{what}: immediate data {:?}, expected {i}",
@@ -129,6 +142,7 @@ pub(crate) fn client(
     Ok(Measured {
         rtt_ns: rtt,
         elapsed,
+        ud_base: 0,
     })
 }
 

@@ -1,7 +1,8 @@
-//! `rdmx perf`: a perftest-style verbs benchmark between two processes over RC queue pairs.
+//! `rdmx perf`: a perftest-style verbs benchmark between two processes over RC or UD queue
+//! pairs.
 //!
 //! * [`exchange`]: the TCP side channel (framed, versioned bincode messages);
-//! * [`endpoint`]: per-test verbs resources, QP connection and completion polling;
+//! * [`spec`] / [`endpoint`]: per-test verbs resources, QP bring-up and completion polling;
 //! * [`lat`] / [`bw`]: the measurement loops of both sides;
 //! * [`server`] / [`client`]: the two roles (and `--local`, which runs both);
 //! * [`report`]: statistics, the table / JSON output and the progress line.
@@ -13,6 +14,7 @@ mod exchange;
 mod lat;
 mod report;
 mod server;
+mod spec;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -86,12 +88,42 @@ impl TestKind {
 }
 
 /// Transport to benchmark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub(crate) enum Transport {
     /// Reliable connected queue pairs.
     Rc,
-    /// Unreliable datagram (not implemented yet).
+    /// Unreliable datagram queue pairs (send_lat and send_bw only; messages up to the MTU).
     Ud,
+}
+
+impl Transport {
+    /// The name used on the command line and in reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Rc => "rc",
+            Self::Ud => "ud",
+        }
+    }
+
+    /// The name in messages.
+    pub(crate) fn upper(self) -> &'static str {
+        match self {
+            Self::Rc => "RC",
+            Self::Ud => "UD",
+        }
+    }
+
+    /// Checks that the transport can run `test`.
+    pub(crate) fn check_test(self, test: TestKind) -> Result<()> {
+        if self == Self::Ud && !matches!(test, TestKind::SendLat | TestKind::SendBw) {
+            return Err(Error::msg(format!(
+                "--transport ud supports only the send_lat and send_bw tests, not {} \
+                 (UD has no RDMA reads, writes or atomics)",
+                test.name()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Options of `rdmx perf`.
@@ -134,8 +166,10 @@ pub(crate) struct PerfArgs {
     /// Bandwidth tests: work requests kept outstanding.
     #[arg(long, default_value_t = 128)]
     tx_depth: u32,
-    /// send_bw: receives the server keeps posted (the client is not flow-controlled: when
-    /// they run out, the server's NIC answers with RNR NAKs and the client waits and retries).
+    /// send_bw: receives the server keeps posted. RC: the client is not flow-controlled;
+    /// when they run out, the server's NIC answers with RNR NAKs and the client retries. UD:
+    /// the client keeps at most --tx-depth messages beyond the server's last credit, and
+    /// datagrams that find no receive are dropped (and reported).
     #[arg(long, default_value_t = 4096)]
     rx_depth: u32,
     /// Sends and writes up to this size are posted inline.
@@ -188,11 +222,6 @@ fn parse_count(s: &str) -> std::result::Result<u64, String> {
 
 /// Runs `rdmx perf`.
 pub(crate) fn run(args: &PerfArgs) -> Result<()> {
-    if args.transport != Transport::Rc {
-        return Err(Error::msg(
-            "--transport ud is not supported yet; only rc (reliable connected) is available",
-        ));
-    }
     let modes =
         usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());
     if modes != 1 {
@@ -298,15 +327,16 @@ pub(crate) fn check_received(
             "client",
         ),
     };
+    let what = format!("{} data received by the {who}", p.test.name());
+    ep.check_grh(&what)?;
     if !checked {
         return Ok(());
     }
     let l = ep.layout();
     let data = ep
         .mr()
-        .to_vec(l.rx_off, l.size)
+        .to_vec(l.rx_data(), l.size)
         .ctx("reading the receive buffer")?;
-    let what = format!("{} data received by the {who}", p.test.name());
     if p.test == T::WriteLat && p.mem_poll {
         let (body, last) = data.split_at(l.size - 1);
         check_pattern(body, seed, &what)?;

@@ -56,7 +56,7 @@ impl LatStats {
 pub(crate) struct PerfResult {
     /// Test name.
     pub(crate) test: &'static str,
-    /// Transport ("rc").
+    /// Transport ("rc" or "ud").
     pub(crate) transport: &'static str,
     /// The client's device, as opened.
     pub(crate) device: String,
@@ -94,6 +94,9 @@ pub(crate) struct PerfResult {
     /// write_lat: how each side learns of the peer's write ("last_byte" polling or
     /// "write_imm" completions).
     pub(crate) write_lat_sync: Option<&'static str>,
+    /// UD send_bw: messages sent (warm-up included) that the server never received.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ud_dropped: Option<u64>,
 }
 
 impl PerfResult {
@@ -109,7 +112,7 @@ impl PerfResult {
         let secs = m.elapsed.as_secs_f64().max(1e-9);
         Self {
             test: p.test.name(),
-            transport: "rc",
+            transport: p.transport.name(),
             device: device.to_string(),
             busy_poll: busy,
             size: p.size,
@@ -131,7 +134,17 @@ impl PerfResult {
             } else {
                 "write_imm"
             }),
+            ud_dropped: None,
         }
+    }
+
+    /// UD send_bw: the rates count only what the server received during the measured time
+    /// (`measured` messages), and `dropped` datagrams are reported.
+    pub(crate) fn set_ud_counts(&mut self, measured: u64, dropped: u64) {
+        let secs = self.elapsed_s.max(1e-9);
+        self.msg_rate = measured as f64 / secs;
+        self.bw_mbps = (self.size as f64) * (measured as f64) / secs / 1e6;
+        self.ud_dropped = Some(dropped);
     }
 }
 
@@ -140,14 +153,16 @@ impl PerfResult {
 pub(crate) struct Printer {
     json: bool,
     header: bool,
+    dropped: bool,
 }
 
 impl Printer {
-    /// A printer; `json` selects JSON lines.
-    pub(crate) fn new(json: bool) -> Self {
+    /// A printer; `json` selects JSON lines, `dropped` a column of UD drops in the table.
+    pub(crate) fn new(json: bool, dropped: bool) -> Self {
         Self {
             json,
             header: false,
+            dropped,
         }
     }
 
@@ -164,7 +179,7 @@ impl Printer {
         } else {
             if !self.header {
                 self.header = true;
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     "{:<11} {:>10} {:>10} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>12}",
                     "test",
@@ -178,6 +193,11 @@ impl Printer {
                     "BW[MB/s]",
                     "rate[msg/s]"
                 );
+                let _ = if self.dropped {
+                    writeln!(out, " {:>8}", "dropped")
+                } else {
+                    writeln!(out)
+                };
             }
             let f = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
             let kind = match (r.lat_p50_us.is_some(), r.lat_is_rtt) {
@@ -185,7 +205,7 @@ impl Printer {
                 (true, true) => "rtt",
                 (true, false) => "1-way",
             };
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{:<11} {:>10} {:>10} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11.2} {:>12.0}",
                 r.test,
@@ -199,6 +219,11 @@ impl Printer {
                 r.bw_mbps,
                 r.msg_rate
             );
+            let _ = match (self.dropped, r.ud_dropped) {
+                (false, _) => writeln!(out),
+                (true, None) => writeln!(out, " {:>8}", "-"),
+                (true, Some(d)) => writeln!(out, " {d:>8}"),
+            };
         }
         let _ = out.flush();
     }
