@@ -51,6 +51,8 @@ use sys::EventFd;
 pub(crate) const HANDOFF_NS: u64 = 2_000_000;
 /// Largest UDP payload we send or accept (4096 MTU + headers + pad + ICRC, rounded up).
 const MAX_PACKET: usize = 4096 + 256;
+/// An idle poll releases ACKs held at least this long (see `Nic::flush_acks`).
+const ACK_IDLE_NS: u64 = 50_000;
 /// Receive buffers per progress call (each holds one GRO batch of up to 64 KiB).
 const RX_BATCH: usize = 32;
 /// Size of one receive buffer.
@@ -652,7 +654,7 @@ impl Shared {
             // the application sees its completion, and may answer, first). Then timers.
             let acks = emptied && nic.has_held_acks();
             if acks {
-                nic.flush_acks();
+                nic.flush_acks(now, ACK_IDLE_NS);
             }
             let due = nic.poll_timeout().is_some_and(|t| t <= now);
             if due {

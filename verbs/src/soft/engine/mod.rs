@@ -722,16 +722,28 @@ impl Nic {
         !self.held_acks.is_empty()
     }
 
-    /// Releases every ACK held back for coalescing. A driver calls this when it has drained
-    /// its sockets (no more packets to coalesce with); without it, held ACKs go out after
-    /// at most `ACK_DELAY_NS` through `handle_timeout`.
-    pub fn flush_acks(&mut self) {
-        for qpn in std::mem::take(&mut self.held_acks) {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                qp.resp.release_ack();
-                Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
+    /// Releases the ACKs held back for coalescing for at least `min_age` ns. A driver calls
+    /// this when it has drained its sockets (no more packets to coalesce with); without it,
+    /// held ACKs go out after at most `ACK_DELAY_NS` through `handle_timeout`. A small
+    /// `min_age` keeps a ping-pong from paying an ACK packet (a send and a receive system
+    /// call) per message: ACKs of consecutive messages coalesce.
+    pub fn flush_acks(&mut self, now: u64, min_age: u64) {
+        let qps = &mut self.qps;
+        let (tx_ready, timed) = (&mut self.tx_ready, &mut self.timed);
+        self.held_acks.retain(|qpn| {
+            let Some(qp) = qps.get_mut(qpn) else {
+                return false;
+            };
+            match qp.resp.held_since() {
+                Some(t) if now.saturating_sub(t) < min_age => true,
+                Some(_) => {
+                    qp.resp.release_ack();
+                    Self::after_op(tx_ready, timed, qp);
+                    false
+                }
+                None => false,
             }
-        }
+        });
     }
 
     /// Handles expired timers (retransmission, RNR wait, held ACKs). Harmless when nothing

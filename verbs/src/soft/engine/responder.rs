@@ -86,7 +86,7 @@ pub(crate) struct Responder {
 }
 
 /// Longest time an ACK is held back for coalescing (well below any local ACK timeout).
-pub(crate) const ACK_DELAY_NS: u64 = 20_000;
+pub(crate) const ACK_DELAY_NS: u64 = 50_000;
 /// Release a held ACK once it answers this many AckReq packets…
 const ACK_EVERY_REQS: u32 = 16;
 /// …or covers this many PSNs since the last one released.
@@ -103,6 +103,11 @@ impl Responder {
         self.held = None;
         self.held_reqs = 0;
         self.last_released = epsn.sub(1);
+    }
+
+    /// When the held ACK (if any) was first held.
+    pub(crate) fn held_since(&self) -> Option<u64> {
+        self.held.map(|_| self.held_since)
     }
 
     /// True while an ACK is held back for coalescing.
