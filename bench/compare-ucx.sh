@@ -164,8 +164,25 @@ run_ucx() {
 run_rdmx() {
     local test=$1 size=$2 iters=$3 out=$4
     RESULT=
-    timeout 120 "$RDMX" perf --local --test "$test" --size "$size" --iters "$iters" \
-        --busy-poll --json >"$out" 2>&1 || log "rdmx perf --test $test --size $size failed (exit $?)"
+    if ((${#UCX_SERVER_PIN[@]})) && command -v taskset >/dev/null; then
+        # Pinned like the UCX runs: server on CPU 0, client on CPU 1.
+        local srv port="" waited=0
+        taskset -c 0 timeout 150 "$RDMX" perf --server --once --port 0 --print-port --busy-poll \
+            >"$out.server" 2>&1 &
+        srv=$!
+        while [[ -z "$port" ]] && ((waited < 100)); do
+            port=$({ head -n 1 "$out.server" 2>/dev/null || true; } | tr -dc '0-9')
+            [[ -n "$port" ]] || { sleep 0.05; waited=$((waited + 1)); }
+        done
+        taskset -c 1 timeout 120 "$RDMX" perf --connect "127.0.0.1:$port" --test "$test" \
+            --size "$size" --iters "$iters" --busy-poll --json >"$out" 2>&1 ||
+            log "rdmx perf --test $test --size $size failed (exit $?)"
+        kill "$srv" 2>/dev/null || true
+        wait "$srv" 2>/dev/null || true
+    else
+        timeout 120 "$RDMX" perf --local --test "$test" --size "$size" --iters "$iters" \
+            --busy-poll --json >"$out" 2>&1 || log "rdmx perf --test $test --size $size failed (exit $?)"
+    fi
     RESULT=$(python3 - "$out" "$size" <<'PY' || true
 import json, sys
 row = None
@@ -274,7 +291,7 @@ pinned="not pinned"
 ((${#UCX_SERVER_PIN[@]})) && pinned="server pinned to CPU 0, client to CPU 1"
 echo "* ucx_perftest: UCX ${ucx_version:-unknown}, UCX_TLS=tcp, UCX_NET_DEVICES=$UCX_DEVICES, $pinned"
 if ((HAVE_RDMX)); then
-    echo "* rdmx: $RDMX (git $rdmx_rev), client and server of --local not pinned"
+    echo "* rdmx: $RDMX (git $rdmx_rev), server pinned to CPU 0 and client to CPU 1 like UCX (taskset), else --local unpinned"
 else
     echo "* rdmx: not measured (build failed, binary missing or SKIP_RDMX=1)"
 fi
@@ -309,9 +326,11 @@ echo "UCX_TLS=tcp UCX_NET_DEVICES=$UCX_DEVICES timeout 60 ucx_perftest -p PORT$s
 echo "UCX_TLS=tcp UCX_NET_DEVICES=$UCX_DEVICES timeout 60 ucx_perftest 127.0.0.1 -p PORT$cpin -t tag_lat -s SIZE -n LAT_ITERS -w WARMUP"
 echo "UCX_TLS=tcp UCX_NET_DEVICES=$UCX_DEVICES timeout 60 ucx_perftest 127.0.0.1 -p PORT$cpin -t tag_bw -s SIZE -n BW_ITERS -w WARMUP"
 echo "# rdmx"
-echo "timeout 120 target/release/rdmx perf --local --test send_lat --size SIZE --iters LAT_ITERS --busy-poll --json"
-echo "timeout 120 target/release/rdmx perf --local --test send_bw --size SIZE --iters BW_ITERS --busy-poll --json"
-echo "timeout 120 target/release/rdmx perf --local --test write_bw --size SIZE --iters BW_ITERS --busy-poll --json"
+echo "taskset -c 0 target/release/rdmx perf --server --once --port 0 --print-port --busy-poll   # per run; prints PORT"
+echo "taskset -c 1 target/release/rdmx perf --connect 127.0.0.1:PORT --test send_lat --size SIZE --iters LAT_ITERS --busy-poll --json"
+echo "taskset -c 1 target/release/rdmx perf --connect 127.0.0.1:PORT --test send_bw --size SIZE --iters BW_ITERS --busy-poll --json"
+echo "taskset -c 1 target/release/rdmx perf --connect 127.0.0.1:PORT --test write_bw --size SIZE --iters BW_ITERS --busy-poll --json"
+echo "# (with fewer than 2 CPUs or UCX_PIN=0: rdmx perf --local ... unpinned)"
 echo '```'
 echo
 echo "| size | LAT_ITERS | BW_ITERS | WARMUP (UCX, lat / bw) |"
