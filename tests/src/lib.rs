@@ -11,10 +11,13 @@
 //! * [`probe`]: a UDP echo server and pinger (the `rdmx-netns-probe` binary) to check that
 //!   hosts reach each other without `ping`.
 //! * [`json`]: a small JSON reader for `rdmx perf --json` and `ip -j`.
+//! * [`lines`]: reading the line-oriented output of the `rdmx-netns-roles` programs (the
+//!   multicast and path-migration roles run inside the hosts).
 #![forbid(unsafe_code)]
 
 pub mod bins;
 pub mod json;
+pub mod lines;
 pub mod netns;
 pub mod probe;
 pub mod process;
