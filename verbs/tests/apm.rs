@@ -2,6 +2,8 @@
 //! loopback addresses, the alternate path armed by traffic, a manual migration, the peer
 //! following, and the events (multi-host link failure is in the rdmx-tests crate).
 
+mod common;
+
 use std::time::Duration;
 
 use rdmx_verbs::{
@@ -101,16 +103,7 @@ fn mig(s: &Side) -> MigState {
 }
 
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut buf = [WorkCompletion::EMPTY; 32];
-    while out.len() < n {
-        let k = cq
-            .poll_blocking(&mut buf[..(n - out.len()).min(32)], Duration::from_secs(10))
-            .unwrap();
-        assert!(k > 0, "timed out waiting for {n} completions");
-        out.extend_from_slice(&buf[..k]);
-    }
-    out
+    common::wait_cq(cq, n)
 }
 
 /// Sends `n` numbered messages a -> b and checks they arrive in order.

@@ -4,8 +4,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{PeerInfo, Side};
@@ -136,18 +135,7 @@ fn child_peer() {
 
 #[test]
 fn two_processes_exchange_sends_writes_reads_and_atomics() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_peer", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, addr.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let result = std::panic::catch_unwind(|| {
-        let (mut tcp, _) = listener.accept().unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    common::with_peer_process("child_peer", CHILD_ENV, |mut tcp| {
         let a = Side::new(1 << 20, 0x00FF_FF00);
         let mut buf = [0u8; PeerInfo::LEN];
         tcp.read_exact(&mut buf).unwrap();
@@ -218,24 +206,6 @@ fn two_processes_exchange_sends_writes_reads_and_atomics() {
         let mut ok = [0u8; 1];
         tcp.read_exact(&mut ok).unwrap();
     });
-    if result.is_err() {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if let Err(e) = result {
-        eprintln!("peer output:\n{log}");
-        std::panic::resume_unwind(e);
-    }
-    assert!(
-        out.status.success(),
-        "peer process failed: {}\n{log}",
-        out.status
-    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! UD queue pairs and multicast over the soft provider on loopback, through the public API.
 
+mod common;
+
 use std::time::Duration;
 
 use rdmx_verbs::ah::{GRH_LEN, grh_destination, grh_source};
@@ -74,20 +76,7 @@ fn ah_to(from: &Ud, to: &Ud) -> AddressHandle {
 }
 
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut buf = [WorkCompletion::EMPTY; 64];
-    while out.len() < n {
-        let k = cq
-            .poll_blocking(&mut buf[..(n - out.len()).min(64)], Duration::from_secs(10))
-            .unwrap();
-        assert!(
-            k > 0,
-            "timed out waiting for {n} completions (got {})",
-            out.len()
-        );
-        out.extend_from_slice(&buf[..k]);
-    }
-    out
+    common::wait_cq(cq, n)
 }
 
 /// Nothing more arrives within `ms`.

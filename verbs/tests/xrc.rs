@@ -1,9 +1,10 @@
 //! XRC through the public API: one initiator QP in one process reaches four XRC SRQs behind
 //! one target QP in another process.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use rdmx_verbs::{
@@ -13,20 +14,7 @@ use rdmx_verbs::{
 };
 
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut buf = [WorkCompletion::EMPTY; 32];
-    while out.len() < n {
-        let k = cq
-            .poll_blocking(&mut buf[..(n - out.len()).min(32)], Duration::from_secs(10))
-            .unwrap();
-        assert!(
-            k > 0,
-            "timed out waiting for {n} completions (got {})",
-            out.len()
-        );
-        out.extend_from_slice(&buf[..k]);
-    }
-    out
+    common::wait_cq(cq, n)
 }
 
 fn ah(gid: [u8; 16], port: u16) -> AhAttr {
@@ -293,18 +281,7 @@ fn xrc_target_child() {
 
 #[test]
 fn xrc_across_two_processes() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "xrc_target_child", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, addr.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let result = std::panic::catch_unwind(|| {
-        let (mut tcp, _) = listener.accept().unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    common::with_peer_process("xrc_target_child", CHILD_ENV, |mut tcp| {
         let mut b = [0u8; INFO_LEN];
         tcp.read_exact(&mut b).unwrap();
         let t = parse_info(&b);
@@ -355,23 +332,4 @@ fn xrc_across_two_processes() {
         let mut ok = [0u8; 1];
         tcp.read_exact(&mut ok).unwrap();
     });
-    let mut child = child;
-    if result.is_err() {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if let Err(e) = result {
-        eprintln!("target process output:\n{log}");
-        std::panic::resume_unwind(e);
-    }
-    assert!(
-        out.status.success(),
-        "target process failed: {}\n{log}",
-        out.status
-    );
 }

@@ -194,3 +194,47 @@ pub fn wait_cq(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
     }
     out
 }
+
+/// Runs `body` against a peer process: this test binary re-run with `--exact <child_test>
+/// --ignored` and `env_var` set to the address of a TCP listener, which `body` gets the
+/// accepted connection of. The peer is killed if `body` panics; its output is shown when
+/// either side fails.
+pub fn with_peer_process(
+    child_test: &str,
+    env_var: &str,
+    body: impl FnOnce(std::net::TcpStream) + std::panic::UnwindSafe,
+) {
+    use std::process::{Command, Stdio};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", child_test, "--ignored", "--nocapture"])
+        .env(env_var, addr.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let result = std::panic::catch_unwind(move || {
+        let (tcp, _) = listener.accept().unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        body(tcp);
+    });
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Err(e) = result {
+        eprintln!("peer output:\n{log}");
+        std::panic::resume_unwind(e);
+    }
+    assert!(
+        out.status.success(),
+        "peer process failed: {}\n{log}",
+        out.status
+    );
+}
