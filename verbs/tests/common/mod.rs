@@ -53,6 +53,28 @@ impl PeerInfo {
     pub const LEN: usize = 38;
 }
 
+/// The device the conformance suite runs on: `RDMX_TEST_DEVICE`, or a soft device on
+/// loopback.
+pub fn test_device() -> String {
+    std::env::var("RDMX_TEST_DEVICE").unwrap_or_else(|_| "soft:127.0.0.1".to_string())
+}
+
+/// True when the suite runs on a soft device.
+pub fn on_soft() -> bool {
+    test_device().starts_with("soft:")
+}
+
+/// Opens the test device (a new, separate NIC each time for a soft device).
+pub fn open_test_device() -> Context {
+    let name = test_device();
+    Device::open(&name).unwrap_or_else(|e| panic!("opening test device {name}: {e}"))
+}
+
+/// Reports a test skipped for a missing capability, saying why.
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test} on {}: {reason}", test_device());
+}
+
 pub struct Side {
     pub ctx: Context,
     pub pd: ProtectionDomain,
@@ -64,7 +86,7 @@ pub struct Side {
 
 impl Side {
     pub fn new(mem: usize, psn: u32) -> Self {
-        let ctx = Device::open("soft:127.0.0.1").expect("open soft device");
+        let ctx = open_test_device();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(1024, None).unwrap();
         let mut attr = QpInitAttr::rc(&cq, &cq);

@@ -1,7 +1,7 @@
 //! RC over the soft provider on loopback, through the public API: one process with two
 //! devices, and two processes (the test binary re-runs itself as the peer).
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -135,7 +135,7 @@ fn child_peer() {
 
 #[test]
 fn two_processes_exchange_sends_writes_reads_and_atomics() {
-    common::with_peer_process("child_peer", CHILD_ENV, |mut tcp| {
+    common::with_peer_process("rc::child_peer", CHILD_ENV, |mut tcp| {
         let a = Side::new(1 << 20, 0x00FF_FF00);
         let mut buf = [0u8; PeerInfo::LEN];
         tcp.read_exact(&mut buf).unwrap();
@@ -236,6 +236,12 @@ fn dead_peer_gives_retry_exceeded_in_bounded_time() {
 
 #[test]
 fn garbage_datagrams_are_counted_and_dropped() {
+    if !common::on_soft() {
+        return common::skip(
+            "garbage_datagrams_are_counted_and_dropped",
+            "soft provider only",
+        );
+    }
     let a = Side::new(4096, 1);
     let b = Side::new(4096, 2);
     a.connect(&b.info());

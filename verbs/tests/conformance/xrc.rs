@@ -1,16 +1,16 @@
 //! XRC through the public API: one initiator QP in one process reaches four XRC SRQs behind
 //! one target QP in another process.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use rdmx_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Device, Gid, MemoryRegion, Mtu, PostError,
-    QpAttr, QpAttrMask as M, QpInitAttr, QpState, QueuePair, RecvWr, Rkey, SendWr,
-    SharedReceiveQueue, SrqInitAttr, WcStatus, WorkCompletion, WrOpcode, XrcDomain,
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemoryRegion, Mtu, PostError, QpAttr,
+    QpAttrMask as M, QpInitAttr, QpState, QueuePair, RecvWr, Rkey, SendWr, SharedReceiveQueue,
+    SrqInitAttr, WcStatus, WorkCompletion, WrOpcode, XrcDomain,
 };
 
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
@@ -114,7 +114,7 @@ struct Target {
 }
 
 fn target() -> Target {
-    let ctx = Device::open("soft:127.0.0.1").unwrap();
+    let ctx = common::open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let xrcd = ctx.open_xrcd();
     let mr = pd
@@ -214,9 +214,15 @@ fn check_target(t: &Target) {
 
 #[test]
 fn one_initiator_reaches_four_srqs_in_one_process() {
+    if !common::open_test_device().query_device().xrc {
+        return common::skip(
+            "one_initiator_reaches_four_srqs_in_one_process",
+            "the device does not support XRC",
+        );
+    }
     let t = target();
     let info = parse_info(&target_info(&t));
-    let ctx = Device::open("soft:127.0.0.1").unwrap();
+    let ctx = common::open_test_device();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256, None).unwrap();
     let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
@@ -281,12 +287,18 @@ fn xrc_target_child() {
 
 #[test]
 fn xrc_across_two_processes() {
-    common::with_peer_process("xrc_target_child", CHILD_ENV, |mut tcp| {
+    if !common::open_test_device().query_device().xrc {
+        return common::skip(
+            "xrc_across_two_processes",
+            "the device does not support XRC",
+        );
+    }
+    common::with_peer_process("xrc::xrc_target_child", CHILD_ENV, |mut tcp| {
         let mut b = [0u8; INFO_LEN];
         tcp.read_exact(&mut b).unwrap();
         let t = parse_info(&b);
         // Create the initiator, tell the target who we are, wait until it is connected.
-        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let ctx = common::open_test_device();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256, None).unwrap();
         let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();

@@ -1,19 +1,19 @@
 //! Shared receive queues through the public API over real sockets: eight RC QPs on one SRQ,
 //! completions routed by QP number, and the limit event (once, then re-armed).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use common::PeerInfo;
 use rdmx_verbs::{
-    AccessFlags, AsyncEvent, Device, QpCap, QpInitAttr, RecvWr, SendWr, SrqInitAttr, WcStatus,
+    AccessFlags, AsyncEvent, QpCap, QpInitAttr, RecvWr, SendWr, SrqInitAttr, WcStatus,
 };
 
 #[test]
 fn eight_rc_qps_on_one_srq_and_the_limit_event() {
     // Receiver: one device, one SRQ, eight QPs on it.
-    let rctx = Device::open("soft:127.0.0.1").unwrap();
+    let rctx = common::open_test_device();
     let rpd = rctx.alloc_pd().unwrap();
     let rcq = rctx.create_cq(1024, None).unwrap();
     let srq = rpd
@@ -31,7 +31,7 @@ fn eight_rc_qps_on_one_srq_and_the_limit_event() {
     srq.arm_limit(10).unwrap();
     assert_eq!(srq.query().unwrap().srq_limit, 10);
     // Senders: eight RC QPs on another device.
-    let sctx = Device::open("soft:127.0.0.1").unwrap();
+    let sctx = common::open_test_device();
     let spd = sctx.alloc_pd().unwrap();
     let scq = sctx.create_cq(1024, None).unwrap();
     let smr = spd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();

@@ -2,7 +2,7 @@
 //! loopback addresses, the alternate path armed by traffic, a manual migration, the peer
 //! following, and the events (multi-host link failure is in the rdmx-tests crate).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -129,8 +129,25 @@ fn events(ctx: &Context) -> Vec<AsyncEvent> {
 
 #[test]
 fn armed_by_traffic_then_manual_migration_and_the_peer_follows() {
-    let a = side("soft:127.0.0.1,127.0.0.2");
-    let b = side("soft:127.0.0.3,127.0.0.4");
+    // Two ports per device: on the soft provider, two loopback addresses each; on hardware,
+    // the test device itself when it has two ports and advertises APM.
+    let (na, nb) = if common::on_soft() {
+        (
+            "soft:127.0.0.1,127.0.0.2".to_string(),
+            "soft:127.0.0.3,127.0.0.4".to_string(),
+        )
+    } else {
+        let attr = common::open_test_device().query_device();
+        if attr.phys_port_cnt < 2 || !attr.auto_path_mig {
+            return common::skip(
+                "armed_by_traffic_then_manual_migration_and_the_peer_follows",
+                "APM needs a device with two ports that advertises automatic path migration",
+            );
+        }
+        (common::test_device(), common::test_device())
+    };
+    let a = side(&na);
+    let b = side(&nb);
     connect(&a, &b, 10, 20);
     connect(&b, &a, 20, 10);
     assert_eq!(mig(&a), MigState::Rearm);

@@ -1,0 +1,16 @@
+//! The conformance suite of the verbs API: RC (send / receive / write / read / atomics and
+//! error statuses, two processes), UD and GRH, multicast, SRQ and its events, XRC, APM.
+//!
+//! It runs on `RDMX_TEST_DEVICE` (default: a soft device on loopback), so the same cases
+//! check a hardware provider: `RDMX_TEST_DEVICE=mlx5_0 cargo test -p rdmx-verbs --test
+//! conformance`. Cases a device cannot run (a missing capability from `query_device`) print
+//! `SKIPPED <case> on <device>: <reason>` instead of passing silently.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod apm;
+mod rc;
+mod srq;
+mod ud;
+mod xrc;
