@@ -10,7 +10,7 @@ use std::process::Command;
 use common::Side;
 use rdmx_verbs::{
     AccessFlags, Device, DeviceOptions, FaultConfig, QpCap, QpInitAttr, RecvWr, SendWr, WcStatus,
-    WrOpcode,
+    WorkCompletion, WrOpcode,
 };
 
 /// Runs `n` SENDs of 1..3000 bytes plus RDMA writes and reads from `a` to `b` and checks
@@ -105,6 +105,81 @@ fn capture_child() {
     };
     a.qp.post_send(&SendWr::new(9, fa, &d).signaled()).unwrap();
     assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    ud_and_multicast_frames();
+}
+
+/// UD unicast and multicast datagrams, for the capture.
+fn ud_and_multicast_frames() {
+    use rdmx_verbs::{AhAttr, Gid, QpAttr, QpAttrMask as M, QpInitAttr, QpState, Qpn};
+    let qkey = 0x0101_0101;
+    let mk = || {
+        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            M::STATE,
+        )
+        .unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 5,
+            ..QpAttr::default()
+        };
+        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        let mr = pd.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+        (ctx, pd, cq, qp, mr)
+    };
+    let (actx, apd, acq, aqp, amr) = mk();
+    let (bctx, _bpd, bcq, bqp, bmr) = mk();
+    let group = Gid::from(std::net::Ipv4Addr::new(
+        239,
+        78,
+        (std::process::id() % 250) as u8,
+        9,
+    ));
+    bqp.attach_mcast(group, 0).unwrap();
+    for i in 0..2u64 {
+        bqp.post_recv(&RecvWr::new(i, &[bmr.sge(i as usize * 2048, 2048)]))
+            .unwrap();
+    }
+    let to_b = apd
+        .create_ah(
+            &AhAttr::new(bctx.query_gid(1, 0).unwrap())
+                .with_udp_port(bctx.port_addr(1).unwrap().port()),
+        )
+        .unwrap();
+    let to_group = apd.create_ah(&AhAttr::new(group)).unwrap();
+    amr.write(0, b"datagram").unwrap();
+    let s = [amr.sge(0, 8)];
+    let wr = SendWr::new(1, WrOpcode::SendWithImm { imm: 7 }, &s).signaled();
+    aqp.post_send(&wr.to(&to_b, bqp.qp_num(), qkey)).unwrap();
+    aqp.post_send(
+        &SendWr::send(2, &s)
+            .signaled()
+            .to(&to_group, Qpn::MULTICAST, qkey),
+    )
+    .unwrap();
+    let mut wc = [WorkCompletion::EMPTY; 4];
+    let mut got = 0;
+    while got < 2 {
+        got += bcq
+            .poll_blocking(&mut wc, std::time::Duration::from_secs(5))
+            .unwrap();
+    }
+    let _ = (actx, acq);
 }
 
 #[test]
@@ -153,6 +228,8 @@ fn capture_writes_decodable_frames_with_valid_icrcs() {
                 "RC RDMA Read Response",
                 "RC Fetch Add",
                 "RC Atomic Acknowledge",
+                "UD Send Only Immediate",
+                "UD Send Only",
             ] {
                 assert!(text.contains(want), "tshark output lacks {want:?}:\n{text}");
             }
