@@ -1,6 +1,6 @@
 //! The soft provider's I/O driver: UDP sockets, the clock, the engine thread, completion
 //! channel and async-event signalling, fault injection and packet capture around the
-//! sans-I/O [`Nic`](crate::soft::engine::Nic).
+//! sans-I/O `Nic` (`crate::soft::engine::Nic`).
 //!
 //! Progress model (DESIGN.md): posting threads build and transmit their packets themselves;
 //! a thread polling a CQ drains the sockets and runs the engine inline; the engine thread
