@@ -381,6 +381,10 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
     if cfg.busy_poll {
         cmd.arg("--busy-poll");
     }
+    // RDMX_PCAP names one file per process; two processes writing it would interleave their
+    // records. This client's capture already holds every frame of the connection (its
+    // device records what it sends and what it receives), so the server does not capture.
+    cmd.env_remove("RDMX_PCAP");
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
