@@ -168,7 +168,9 @@ fn pcap() -> Option<&'static Mutex<PcapWriter>> {
         let path = std::env::var_os("RDMX_PCAP")?;
         // `%p` in the name becomes the process id, so several processes can capture side by
         // side without writing into one file.
-        let path = path.to_string_lossy().replace("%p", &std::process::id().to_string());
+        let path = path
+            .to_string_lossy()
+            .replace("%p", &std::process::id().to_string());
         match PcapWriter::create(std::path::Path::new(&path)) {
             Ok(w) => Some(Mutex::new(w)),
             Err(e) => {
