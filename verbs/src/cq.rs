@@ -97,10 +97,7 @@ pub(crate) struct CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        let id = self.id;
-        self.ctx.dev().clear_channel(id);
-        // Every QP using this CQ holds a reference to it, so none is left here.
-        let _ = self.ctx.dev().with_nic(|n, _| n.destroy_cq(id));
+        self.ctx.dev().destroy_cq(self.id);
     }
 }
 
@@ -126,8 +123,7 @@ impl CompletionQueue {
             Some(c) => c.clone(),
             None => CompletionChannel::new(ctx.clone())?,
         };
-        let id = ctx.dev().with_nic(|n, _| n.create_cq(cqe));
-        ctx.dev().set_channel(id, &channel.inner);
+        let id = ctx.dev().create_cq(cqe, &channel.inner)?;
         Ok(Self {
             inner: Arc::new(CqInner { ctx, id, channel }),
         })
@@ -137,25 +133,16 @@ impl CompletionQueue {
     /// Polling also drives the soft device: it reads the sockets on this thread, so a loop
     /// around `poll` is the busy-poll mode.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
-        let dev = self.inner.ctx.dev();
-        let n = dev.poll_cq(self.inner.id, wc);
-        if n > 0 {
-            return n;
-        }
-        if dev.progress() == 0 {
-            return 0;
-        }
-        dev.poll_cq(self.inner.id, wc)
+        self.inner.ctx.dev().poll_cq(self.inner.id, wc)
     }
 
     /// Arms the CQ: the channel fires at the next completion (or next solicited one)
     /// (`ibv_req_notify_cq`).
     pub fn req_notify(&self, solicited_only: bool) {
-        let id = self.inner.id;
         self.inner
             .ctx
             .dev()
-            .with_nic(|n, _| n.req_notify_cq(id, solicited_only));
+            .req_notify_cq(self.inner.id, solicited_only);
     }
 
     /// The channel this CQ signals.

@@ -8,11 +8,12 @@ use std::time::Duration;
 use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::error::VerbsError;
 use crate::pd::ProtectionDomain;
+use crate::provider::Provider;
 use crate::soft::driver::{self, Shared};
 use crate::soft::engine::{AsyncEvent, NicCounters};
 use crate::soft::fault::{FaultConfig, FaultStats};
 use crate::soft::{self};
-use crate::types::{DeviceAttr, Gid, Mtu, PortAttr, PortState};
+use crate::types::{DeviceAttr, Gid, PortAttr};
 
 /// An RDMA device that can be opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,8 +76,9 @@ impl Device {
             return Err(VerbsError::DeviceNotFound(name.to_string()));
         }
         let addrs = soft::parse_name(name)?;
-        let dev = Shared::open(&addrs, opts.faults)?;
-        let bound = dev.addrs().to_vec();
+        let shared = Shared::open(&addrs, opts.faults)?;
+        let bound = shared.addrs().to_vec();
+        let dev: Arc<dyn Provider> = shared;
         let canonical = format!(
             "soft:{}",
             bound
@@ -104,13 +106,13 @@ impl Device {
 
 #[derive(Debug)]
 pub(crate) struct ContextInner {
-    pub(crate) dev: Arc<Shared>,
+    pub(crate) dev: Arc<dyn Provider>,
     name: String,
 }
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        driver::shutdown(&self.dev);
+        self.dev.shutdown();
     }
 }
 
@@ -128,44 +130,13 @@ impl Context {
         &self.inner.name
     }
 
-    pub(crate) fn dev(&self) -> &Arc<Shared> {
+    pub(crate) fn dev(&self) -> &Arc<dyn Provider> {
         &self.inner.dev
     }
 
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        let cfg_inline = self.dev().with_nic(|n, _| n.config().max_inline_data);
-        DeviceAttr {
-            fw_ver: format!("rdmx-soft {}", env!("CARGO_PKG_VERSION")),
-            node_guid: self.node_guid(),
-            vendor_id: 0,
-            max_mr_size: 1 << 40,
-            max_qp: 1 << 20,
-            max_qp_wr: 1 << 16,
-            max_sge: 32,
-            max_cq: 1 << 16,
-            max_cqe: 1 << 22,
-            max_mr: 1 << 24,
-            max_pd: 1 << 16,
-            max_qp_rd_atom: 16,
-            max_qp_init_rd_atom: 16,
-            max_inline_data: cfg_inline,
-            phys_port_cnt: self.dev().addrs().len() as u8,
-            atomic_glob: true,
-            max_srq: 1 << 16,
-            xrc: true,
-            auto_path_mig: true,
-            max_mcast_grp: 1 << 10,
-        }
-    }
-
-    fn node_guid(&self) -> u64 {
-        let a = self.dev().addrs()[0];
-        let ip = match a.ip() {
-            std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
-            std::net::IpAddr::V6(v6) => (u128::from(v6) as u64) ^ ((u128::from(v6) >> 64) as u64),
-        };
-        (0x02_00_00u64 << 40) | ((ip & 0xFFFF_FFFF) << 16) | u64::from(a.port())
+        self.dev().query_device()
     }
 
     /// Port attributes (`ibv_query_port`); ports are numbered from 1.
@@ -173,47 +144,24 @@ impl Context {
     /// # Errors
     /// `InvalidArgument` for a port that does not exist.
     pub fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError> {
-        let addr = self.port_addr(port)?;
-        let _ = addr;
-        let active = self.dev().port_mtu(usize::from(port) - 1);
-        let down = self.dev().port_is_down(usize::from(port) - 1);
-        Ok(PortAttr {
-            state: if down {
-                PortState::Down
-            } else {
-                PortState::Active
-            },
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: active,
-            gid_tbl_len: 1,
-            link_layer: "Ethernet",
-            max_msg_sz: 1 << 31,
-        })
+        self.dev().query_port(port)
     }
 
-    /// GID `index` of port `port` (`ibv_query_gid`): the port's IP address.
+    /// GID `index` of port `port` (`ibv_query_gid`): on RoCE, the port's IP address.
     ///
     /// # Errors
     /// `InvalidArgument` for a port or index that does not exist.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid, VerbsError> {
-        if index != 0 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "GID index {index} does not exist"
-            )));
-        }
-        Ok(Gid::from_ip(self.port_addr(port)?.ip()))
+        self.dev().query_gid(port, index)
     }
 
     /// The local UDP address of port `port` (soft provider): its IP is the port's GID and
     /// its UDP port goes into a peer's [`AhAttr::udp_port`](crate::types::AhAttr::udp_port).
     ///
     /// # Errors
-    /// `InvalidArgument` for a port that does not exist.
+    /// `InvalidArgument` for a port that does not exist (or a hardware device).
     pub fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError> {
-        usize::from(port)
-            .checked_sub(1)
-            .and_then(|i| self.dev().addrs().get(i).copied())
-            .ok_or_else(|| VerbsError::InvalidArgument(format!("port {port} does not exist")))
+        self.dev().port_addr(port)
     }
 
     /// Allocates a protection domain (`ibv_alloc_pd`).
@@ -221,7 +169,7 @@ impl Context {
     /// # Errors
     /// None today; reserved for resource limits.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, VerbsError> {
-        Ok(ProtectionDomain::new(self.clone()))
+        ProtectionDomain::new(self.clone())
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel`).
@@ -256,34 +204,37 @@ impl Context {
             if now >= deadline {
                 return None;
             }
-            let fd = self.dev().event_fd().raw();
-            let _ = driver::sys::poll_readable(&[fd], Some(deadline - now));
+            let _ = driver::sys::poll_readable(&[self.dev().event_fd()], Some(deadline - now));
         }
     }
 
     /// A file descriptor that is readable while asynchronous events are queued.
     pub fn async_fd(&self) -> RawFd {
-        self.dev().event_fd().raw()
+        self.dev().event_fd()
     }
 
-    /// Transport counters of the soft NIC (packets, drops by cause, NAKs, retransmits).
+    /// Transport counters of a soft NIC (packets, drops by cause, NAKs, retransmits); zero
+    /// for other providers.
     pub fn counters(&self) -> NicCounters {
-        self.dev().counters()
+        self.dev()
+            .soft_stats()
+            .map(|s| s.counters)
+            .unwrap_or_default()
     }
 
     /// Fault-injection counters, when a plan is active.
     pub fn fault_stats(&self) -> Option<FaultStats> {
-        self.dev().fault_stats()
+        self.dev().soft_stats().and_then(|s| s.faults)
     }
 
     /// Packets that could not be sent because their destination was unreachable (no
     /// route); counted, not a port failure.
     pub fn tx_unreachable(&self) -> u64 {
-        self.dev().tx_unreachable()
+        self.dev().soft_stats().map_or(0, |s| s.tx_unreachable)
     }
 
     /// Packets the kernel refused to send (each recovered by retransmission).
     pub fn tx_errors(&self) -> u64 {
-        self.dev().tx_errors()
+        self.dev().soft_stats().map_or(0, |s| s.tx_errors)
     }
 }

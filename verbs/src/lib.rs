@@ -46,6 +46,7 @@ pub mod wr;
 pub mod xrc;
 
 mod mem;
+mod provider;
 
 pub use ah::AddressHandle;
 pub use cq::{CompletionChannel, CompletionQueue};

@@ -23,11 +23,11 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    pub(crate) fn new(ctx: Context) -> Self {
-        let id = ctx.dev().with_nic(|n, _| n.alloc_pd());
-        Self {
+    pub(crate) fn new(ctx: Context) -> Result<Self, VerbsError> {
+        let id = ctx.dev().alloc_pd()?;
+        Ok(Self {
             inner: Arc::new(PdInner { ctx, id }),
-        }
+        })
     }
 
     /// The context this domain belongs to.
@@ -61,11 +61,7 @@ impl ProtectionDomain {
         }
         let mem =
             Arc::new(RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?);
-        let key = self
-            .inner
-            .ctx
-            .dev()
-            .with_nic(|n, _| n.reg_mr(self.inner.id, mem.clone(), access));
+        let key = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
         Ok(MemoryRegion {
             pd: self.inner.clone(),
             mem,
@@ -246,7 +242,6 @@ impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // Deregister before the memory can be freed; in-flight operations keep their own
         // reference to the bytes, so nothing writes into freed memory.
-        let key = self.key;
-        self.pd.ctx.dev().with_nic(|n, _| n.dereg_mr(key));
+        self.pd.ctx.dev().dereg_mr(self.key);
     }
 }

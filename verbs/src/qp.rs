@@ -82,17 +82,15 @@ impl QueuePair {
             }
         }
         let (pdid, scq, rcq) = (pd.inner.id, a.send_cq.inner.id, a.recv_cq.inner.id);
-        let qpn = ctx.dev().with_nic(|n, _| {
-            n.create_qp(&QpConfig {
-                pd: pdid,
-                qp_type: a.qp_type,
-                send_cq: scq,
-                recv_cq: rcq,
-                cap: a.cap,
-                sq_sig_all: a.sq_sig_all,
-                srq: a.srq.map(|s| s.id()),
-                xrcd: None,
-            })
+        let qpn = ctx.dev().create_qp(&QpConfig {
+            pd: pdid,
+            qp_type: a.qp_type,
+            send_cq: scq,
+            recv_cq: rcq,
+            cap: a.cap,
+            sq_sig_all: a.sq_sig_all,
+            srq: a.srq.map(|s| s.id()),
+            xrcd: None,
         })?;
         Ok(Self {
             pd: pd.inner.clone(),
@@ -124,10 +122,7 @@ impl QueuePair {
     /// bit) exactly where verbs returns EINVAL; `InvalidAttribute` for out-of-range values.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
         let qpn = self.qpn;
-        self.pd
-            .ctx
-            .dev()
-            .with_nic(|n, now| n.modify_qp(now, qpn, attr, mask))
+        self.pd.ctx.dev().modify_qp(qpn, attr, mask)
     }
 
     /// Current attributes and capacities (`ibv_query_qp`).
@@ -139,7 +134,7 @@ impl QueuePair {
         self.pd
             .ctx
             .dev()
-            .with_nic(|n, _| n.query_qp(qpn))
+            .query_qp(qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))
     }
 
@@ -158,7 +153,8 @@ impl QueuePair {
         self.pd
             .ctx
             .dev()
-            .with_nic(|n, now| n.post_send(now, qpn, wr))
+            .post_send(qpn, std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
     }
 
     /// Posts several send work requests in order; stops at the first error and returns the
@@ -168,12 +164,7 @@ impl QueuePair {
     /// `(posted, error)` for the first request that could not be posted.
     pub fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().with_nic(|n, now| {
-            for (i, wr) in wrs.iter().enumerate() {
-                n.post_send(now, qpn, wr).map_err(|e| (i, e))?;
-            }
-            Ok(())
-        })
+        self.pd.ctx.dev().post_send(qpn, wrs)
     }
 
     /// Posts a receive work request (`ibv_post_recv`).
@@ -182,7 +173,7 @@ impl QueuePair {
     /// See [`PostError`].
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().with_nic(|n, _| n.post_recv(qpn, wr))
+        self.pd.ctx.dev().post_recv(qpn, wr)
     }
 }
 
@@ -201,21 +192,19 @@ impl QueuePair {
             ));
         }
         let (pdid, d) = (pd.inner.id, xrcd.id);
-        let qpn = ctx.dev().with_nic(|n, _| {
-            n.create_qp(&QpConfig {
-                pd: pdid,
-                qp_type: QpType::XrcRecv,
-                send_cq: 0,
-                recv_cq: 0,
-                cap: QpCap {
-                    max_send_wr: 0,
-                    max_recv_wr: 0,
-                    ..QpCap::default()
-                },
-                sq_sig_all: false,
-                srq: None,
-                xrcd: Some(d),
-            })
+        let qpn = ctx.dev().create_qp(&QpConfig {
+            pd: pdid,
+            qp_type: QpType::XrcRecv,
+            send_cq: 0,
+            recv_cq: 0,
+            cap: QpCap {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                ..QpCap::default()
+            },
+            sq_sig_all: false,
+            srq: None,
+            xrcd: Some(d),
         })?;
         Ok(Self {
             pd: pd.inner.clone(),
@@ -238,13 +227,8 @@ impl QueuePair {
     /// multicast, `Io` when the group cannot be joined.
     pub fn attach_mcast(&self, gid: Gid, _lid: u16) -> Result<(), VerbsError> {
         let qpn = self.qpn;
-        let dev = self.pd.ctx.dev();
-        dev.with_nic(|n, _| n.attach_mcast(qpn, gid))?;
         let port = self.query().map_or(1, |(a, _)| a.port_num);
-        if let Err(e) = dev.join_group(usize::from(port).saturating_sub(1), gid.to_ip()) {
-            let _ = dev.with_nic(|n, _| n.detach_mcast(qpn, gid));
-            return Err(e);
-        }
+        self.pd.ctx.dev().attach_mcast(qpn, gid, port)?;
         self.groups.lock().push((gid, port));
         Ok(())
     }
@@ -255,12 +239,12 @@ impl QueuePair {
     /// `InvalidArgument` when the QP is not attached to `gid`.
     pub fn detach_mcast(&self, gid: Gid, _lid: u16) -> Result<(), VerbsError> {
         let qpn = self.qpn;
-        let dev = self.pd.ctx.dev();
-        dev.with_nic(|n, _| n.detach_mcast(qpn, gid))?;
         let mut groups = self.groups.lock();
-        if let Some(i) = groups.iter().position(|(g, _)| *g == gid) {
-            let (_, port) = groups.swap_remove(i);
-            dev.leave_group(usize::from(port).saturating_sub(1), gid.to_ip());
+        let i = groups.iter().position(|(g, _)| *g == gid);
+        let port = i.map_or(1, |i| groups[i].1);
+        self.pd.ctx.dev().detach_mcast(qpn, gid, port)?;
+        if let Some(i) = i {
+            groups.swap_remove(i);
         }
         Ok(())
     }
@@ -271,9 +255,8 @@ impl Drop for QueuePair {
         let qpn = self.qpn;
         let dev = self.pd.ctx.dev();
         for (gid, port) in self.groups.lock().drain(..) {
-            let _ = dev.with_nic(|n, _| n.detach_mcast(qpn, gid));
-            dev.leave_group(usize::from(port).saturating_sub(1), gid.to_ip());
+            let _ = dev.detach_mcast(qpn, gid, port);
         }
-        dev.with_nic(|n, _| n.destroy_qp(qpn));
+        dev.destroy_qp(qpn);
     }
 }

@@ -39,7 +39,7 @@ impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
         // QPs hold a reference to their SRQ, so none is left when this runs.
-        let _ = self.pd.ctx.dev().with_nic(|n, _| n.destroy_srq(id));
+        let _ = self.pd.ctx.dev().destroy_srq(id);
     }
 }
 
@@ -53,16 +53,11 @@ pub struct SharedReceiveQueue {
 impl SharedReceiveQueue {
     pub(crate) fn new(pd: &ProtectionDomain, a: &SrqInitAttr) -> Result<Self, VerbsError> {
         let pdid = pd.inner.id;
-        let id = pd.inner.ctx.dev().with_nic(|n, _| {
-            let id = n.create_srq(pdid, a.max_wr, a.max_sge)?;
-            if a.srq_limit > 0 {
-                if let Err(e) = n.modify_srq(id, None, Some(a.srq_limit)) {
-                    let _ = n.destroy_srq(id);
-                    return Err(e);
-                }
-            }
-            Ok(id)
-        })?;
+        let id = pd
+            .inner
+            .ctx
+            .dev()
+            .create_srq(pdid, None, a.max_wr, a.max_sge, a.srq_limit)?;
         Ok(Self {
             inner: Arc::new(SrqInner {
                 pd: pd.inner.clone(),
@@ -81,11 +76,7 @@ impl SharedReceiveQueue {
     /// `QueueFull` when `max_wr` WQEs are posted, `TooManySge` above `max_sge`.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
         let id = self.inner.id;
-        self.inner
-            .pd
-            .ctx
-            .dev()
-            .with_nic(|n, _| n.post_srq_recv(id, wr))
+        self.inner.pd.ctx.dev().post_srq_recv(id, wr)
     }
 
     /// Arms the limit event: when a WQE is taken and fewer than `limit` remain, the context
@@ -96,11 +87,7 @@ impl SharedReceiveQueue {
     /// `InvalidAttribute` when `limit` exceeds `max_wr`.
     pub fn arm_limit(&self, limit: u32) -> Result<(), VerbsError> {
         let id = self.inner.id;
-        self.inner
-            .pd
-            .ctx
-            .dev()
-            .with_nic(|n, _| n.modify_srq(id, None, Some(limit)))
+        self.inner.pd.ctx.dev().modify_srq(id, None, Some(limit))
     }
 
     /// Grows the queue (`ibv_modify_srq` with `IBV_SRQ_MAX_WR`).
@@ -109,11 +96,7 @@ impl SharedReceiveQueue {
     /// `InvalidAttribute` when smaller than the WQEs posted or above the device limit.
     pub fn resize(&self, max_wr: u32) -> Result<(), VerbsError> {
         let id = self.inner.id;
-        self.inner
-            .pd
-            .ctx
-            .dev()
-            .with_nic(|n, _| n.modify_srq(id, Some(max_wr), None))
+        self.inner.pd.ctx.dev().modify_srq(id, Some(max_wr), None)
     }
 
     /// Current attributes (`ibv_query_srq`).
@@ -126,7 +109,7 @@ impl SharedReceiveQueue {
             .pd
             .ctx
             .dev()
-            .with_nic(|n, _| n.query_srq(id))
+            .query_srq(id)
             .ok_or(VerbsError::NoSuchObject("SRQ"))
     }
 

@@ -19,12 +19,12 @@ pub struct XrcDomain {
 }
 
 impl XrcDomain {
-    pub(crate) fn open(ctx: &Context) -> Self {
-        let id = ctx.dev().with_nic(|n, _| n.alloc_xrcd());
-        Self {
+    pub(crate) fn open(ctx: &Context) -> Result<Self, VerbsError> {
+        let id = ctx.dev().alloc_xrcd()?;
+        Ok(Self {
             ctx: ctx.clone(),
             id,
-        }
+        })
     }
 }
 
@@ -49,16 +49,9 @@ impl ProtectionDomain {
             ));
         }
         let (pd, d, c) = (self.inner.id, xrcd.id, cq.inner.id);
-        let id = ctx.dev().with_nic(|n, _| {
-            let id = n.create_xrc_srq(pd, d, c, attr.max_wr, attr.max_sge)?;
-            if attr.srq_limit > 0 {
-                if let Err(e) = n.modify_srq(id, None, Some(attr.srq_limit)) {
-                    let _ = n.destroy_srq(id);
-                    return Err(e);
-                }
-            }
-            Ok(id)
-        })?;
+        let id =
+            ctx.dev()
+                .create_srq(pd, Some((d, c)), attr.max_wr, attr.max_sge, attr.srq_limit)?;
         Ok(SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: self.inner.clone(),
@@ -88,7 +81,10 @@ impl SharedReceiveQueue {
 impl Context {
     /// Opens an XRC domain (`ibv_open_xrcd`). Domains are per device in the soft provider
     /// (no file-backed sharing between processes yet).
-    pub fn open_xrcd(&self) -> XrcDomain {
+    ///
+    /// # Errors
+    /// `Unsupported` on a device without XRC.
+    pub fn open_xrcd(&self) -> Result<XrcDomain, VerbsError> {
         XrcDomain::open(self)
     }
 }

@@ -15,6 +15,7 @@ pub mod fault;
 pub mod wire;
 
 pub(crate) mod driver;
+mod provider;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

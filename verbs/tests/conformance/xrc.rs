@@ -116,7 +116,7 @@ struct Target {
 fn target() -> Target {
     let ctx = common::open_test_device();
     let pd = ctx.alloc_pd().unwrap();
-    let xrcd = ctx.open_xrcd();
+    let xrcd = ctx.open_xrcd().unwrap();
     let mr = pd
         .reg_mr(
             1 << 20,

@@ -736,7 +736,7 @@ impl Drop for Shared {
 }
 
 /// Stops the engine thread of a device that is being closed.
-pub(crate) fn shutdown(shared: &Arc<Shared>) {
+pub(crate) fn shutdown(shared: &Shared) {
     shared.shutdown.store(true, Ordering::Relaxed);
     shared.wake.signal();
     let handle = shared.thread.lock().take();

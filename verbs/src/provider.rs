@@ -1,0 +1,98 @@
+//! The interface every provider implements. The public objects (`Context`,
+//! `ProtectionDomain`, `CompletionQueue`, `QueuePair`, …) hold small integer handles and call
+//! through this trait, so the soft provider and a hardware provider sit behind the same API
+//! without callers knowing which one they use.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use crate::error::{PostError, VerbsError};
+use crate::mem::RegisteredMemory;
+use crate::soft::driver::ChannelInner;
+use crate::soft::engine::{AsyncEvent, NicCounters, QpConfig, SrqState};
+use crate::soft::fault::FaultStats;
+use crate::types::{
+    AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, Qpn, WorkCompletion,
+};
+use crate::wr::{RecvWr, SendWr};
+
+/// Counters only the soft provider keeps.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SoftStats {
+    pub(crate) counters: NicCounters,
+    pub(crate) faults: Option<FaultStats>,
+    pub(crate) tx_errors: u64,
+    pub(crate) tx_unreachable: u64,
+}
+
+/// What a provider does. Handles are the provider's own numbering (QPNs are real QP
+/// numbers). Methods that cannot fail on a given provider still return `Result` where
+/// another provider's call can.
+pub(crate) trait Provider: Send + Sync + fmt::Debug {
+    // Device.
+    fn query_device(&self) -> DeviceAttr;
+    fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError>;
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid, VerbsError>;
+    /// The UDP address of a soft port (`InvalidArgument` elsewhere).
+    fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError>;
+    fn pop_event(&self) -> Option<AsyncEvent>;
+    fn event_fd(&self) -> RawFd;
+    fn soft_stats(&self) -> Option<SoftStats> {
+        None
+    }
+    /// The context is being closed.
+    fn shutdown(&self);
+
+    // Protection domains and memory.
+    fn alloc_pd(&self) -> Result<u32, VerbsError>;
+    fn reg_mr(
+        &self,
+        pd: u32,
+        mem: &Arc<RegisteredMemory>,
+        access: AccessFlags,
+    ) -> Result<u32, VerbsError>;
+    fn dereg_mr(&self, key: u32);
+
+    // Completion queues and progress.
+    fn create_cq(&self, cqe: usize, channel: &Arc<ChannelInner>) -> Result<u32, VerbsError>;
+    fn destroy_cq(&self, cq: u32);
+    fn poll_cq(&self, cq: u32, wc: &mut [WorkCompletion]) -> usize;
+    fn req_notify_cq(&self, cq: u32, solicited_only: bool);
+    /// A thread polling: make progress on this thread (busy-poll mode).
+    fn progress(&self) -> usize;
+    /// A polling thread is about to sleep.
+    fn release(&self);
+
+    // Queue pairs.
+    fn create_qp(&self, cfg: &QpConfig) -> Result<Qpn, VerbsError>;
+    fn destroy_qp(&self, qpn: Qpn);
+    fn modify_qp(&self, qpn: Qpn, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError>;
+    fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)>;
+    fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)>;
+    fn post_recv(&self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError>;
+    fn attach_mcast(&self, qpn: Qpn, gid: Gid, port: u8) -> Result<(), VerbsError>;
+    fn detach_mcast(&self, qpn: Qpn, gid: Gid, port: u8) -> Result<(), VerbsError>;
+
+    // Shared receive queues and XRC.
+    /// `xrc` = (XRC domain, CQ) for an XRC SRQ.
+    fn create_srq(
+        &self,
+        pd: u32,
+        xrc: Option<(u32, u32)>,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<u32, VerbsError>;
+    fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError>;
+    fn post_srq_recv(&self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError>;
+    fn modify_srq(
+        &self,
+        srq: u32,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), VerbsError>;
+    fn query_srq(&self, srq: u32) -> Option<SrqState>;
+    fn alloc_xrcd(&self) -> Result<u32, VerbsError>;
+}
