@@ -40,11 +40,18 @@ impl DeviceOptions {
 
 impl Device {
     /// The devices on this host: the default soft device (loopback, ephemeral UDP port),
+    /// the RDMA devices libibverbs knows (with the `ibverbs` feature; none is not an error),
     /// plus the one named by `RDMX_DEVICE` if that is a different soft device.
     pub fn list() -> Result<Vec<Self>, VerbsError> {
         let mut v = vec![Self {
             name: soft::DEFAULT_DEVICE.to_string(),
         }];
+        #[cfg(feature = "ibverbs")]
+        v.extend(
+            crate::ibv::device_names()
+                .into_iter()
+                .map(|name| Self { name }),
+        );
         if let Ok(name) = std::env::var("RDMX_DEVICE") {
             if name != soft::DEFAULT_DEVICE && soft::parse_name(&name).is_ok() {
                 v.push(Self { name });
@@ -73,6 +80,18 @@ impl Device {
     /// As [`Device::open`]; also `InvalidArgument` for a bad `RDMX_FAULTS`.
     pub fn open_with(name: &str, opts: DeviceOptions) -> Result<Context, VerbsError> {
         if !name.starts_with(soft::PREFIX) {
+            #[cfg(feature = "ibverbs")]
+            {
+                let dev: Arc<dyn Provider> = crate::ibv::IbvDevice::open(name)?;
+                let _ = &opts;
+                return Ok(Context {
+                    inner: Arc::new(ContextInner {
+                        dev,
+                        name: name.to_string(),
+                    }),
+                });
+            }
+            #[cfg(not(feature = "ibverbs"))]
             return Err(VerbsError::DeviceNotFound(name.to_string()));
         }
         let addrs = soft::parse_name(name)?;

@@ -30,13 +30,17 @@
 //! remote peer never races with the application in the Rust sense.
 //!
 //! ## Cargo features
-//! None yet; the `ibverbs` feature (libibverbs hardware provider) comes in a later release.
+//! * `ibverbs` (off by default): the libibverbs provider for RDMA NICs and kernel Soft-RoCE
+//!   (needs `libibverbs-dev`, `cmake`, `libclang-dev`, `pkg-config`). In progress: it lists,
+//!   opens and queries hardware devices; creating objects on them is not implemented yet.
 #![deny(unsafe_code)]
 
 pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod error;
+#[cfg(feature = "ibverbs")]
+mod ibv;
 pub mod pd;
 pub mod qp;
 pub mod soft;
