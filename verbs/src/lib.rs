@@ -31,8 +31,9 @@
 //!
 //! ## Cargo features
 //! * `ibverbs` (off by default): the libibverbs provider for RDMA NICs and kernel Soft-RoCE
-//!   (needs `libibverbs-dev`, `cmake`, `libclang-dev`, `pkg-config`). In progress: it lists,
-//!   opens and queries hardware devices; creating objects on them is not implemented yet.
+//!   (needs `libibverbs-dev`, `cmake`, `libclang-dev`, `pkg-config`). It is built and linted
+//!   in CI but has not yet run against hardware (no NIC or rxe on our machines); run the
+//!   conformance suite on a device before relying on it.
 #![deny(unsafe_code)]
 
 pub mod ah;

@@ -61,11 +61,12 @@ impl ProtectionDomain {
         }
         let mem =
             Arc::new(RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?);
-        let key = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
+        let (key, rkey) = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
         Ok(MemoryRegion {
             pd: self.inner.clone(),
             mem,
             key,
+            rkey,
             access,
         })
     }
@@ -113,6 +114,7 @@ pub struct MemoryRegion {
     pd: Arc<PdInner>,
     mem: Arc<RegisteredMemory>,
     key: u32,
+    rkey: u32,
     access: AccessFlags,
 }
 
@@ -139,7 +141,7 @@ impl MemoryRegion {
 
     /// The remote key (to give to peers).
     pub fn rkey(&self) -> Rkey {
-        Rkey(self.key)
+        Rkey(self.rkey)
     }
 
     /// The access flags it was registered with.

@@ -45,15 +45,16 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     /// The context is being closed.
     fn shutdown(&self);
 
-    // Protection domains and memory.
+    // Protection domains and memory. `reg_mr` returns (lkey, rkey).
     fn alloc_pd(&self) -> Result<u32, VerbsError>;
     fn reg_mr(
         &self,
         pd: u32,
         mem: &Arc<RegisteredMemory>,
         access: AccessFlags,
-    ) -> Result<u32, VerbsError>;
-    fn dereg_mr(&self, key: u32);
+    ) -> Result<(u32, u32), VerbsError>;
+    /// Deregisters the region with local key `lkey`.
+    fn dereg_mr(&self, lkey: u32);
 
     // Completion queues and progress.
     fn create_cq(&self, cqe: usize, channel: &Arc<ChannelInner>) -> Result<u32, VerbsError>;

@@ -121,8 +121,10 @@ impl Provider for Shared {
         pd: u32,
         mem: &Arc<RegisteredMemory>,
         access: AccessFlags,
-    ) -> Result<u32, VerbsError> {
-        Ok(self.with_nic(|n, _| n.reg_mr(pd, mem.clone(), access)))
+    ) -> Result<(u32, u32), VerbsError> {
+        // One key serves as both lkey and rkey.
+        let key = self.with_nic(|n, _| n.reg_mr(pd, mem.clone(), access));
+        Ok((key, key))
     }
 
     fn dereg_mr(&self, key: u32) {
