@@ -70,6 +70,16 @@ pub fn open_test_device() -> Context {
     Device::open(&name).unwrap_or_else(|e| panic!("opening test device {name}: {e}"))
 }
 
+/// The UDP port a peer sends to: the soft device's own, or 4791 (RoCEv2) on hardware.
+pub fn udp_port(ctx: &Context, port: u8) -> u16 {
+    ctx.port_addr(port).map_or(4791, |a| a.port())
+}
+
+/// The IP address of a port, from its GID.
+pub fn port_ip(ctx: &Context, port: u8) -> std::net::IpAddr {
+    ctx.query_gid(port, 0).expect("port GID").to_ip()
+}
+
 /// Reports a test skipped for a missing capability, saying why.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test} on {}: {reason}", test_device());
@@ -121,7 +131,7 @@ impl Side {
             qpn: self.qp.qp_num().0,
             psn: self.psn,
             gid: self.ctx.query_gid(1, 0).unwrap().0,
-            udp_port: self.ctx.port_addr(1).unwrap().port(),
+            udp_port: udp_port(&self.ctx, 1),
             addr: self.mr.addr(),
             rkey: self.mr.rkey().0,
         }

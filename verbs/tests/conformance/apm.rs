@@ -32,7 +32,7 @@ fn side(name: &str) -> Side {
 
 fn av(peer: &Side, port: u8) -> AhAttr {
     let mut a = AhAttr::new(peer.ctx.query_gid(port, 0).unwrap())
-        .with_udp_port(peer.ctx.port_addr(port).unwrap().port());
+        .with_udp_port(common::udp_port(&peer.ctx, port));
     a.port_num = port;
     a
 }

@@ -49,7 +49,7 @@ fn eight_rc_qps_on_one_srq_and_the_limit_event() {
             qpn,
             psn,
             gid: ctx.query_gid(1, 0).unwrap().0,
-            udp_port: ctx.port_addr(1).unwrap().port(),
+            udp_port: common::udp_port(ctx, 1),
             addr: 0,
             rkey: 0,
         };

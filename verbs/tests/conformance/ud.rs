@@ -70,8 +70,8 @@ fn bring_up(qp: &QueuePair, qkey: u32) {
 }
 
 fn ah_to(from: &Ud, to: &Ud) -> AddressHandle {
-    let attr = AhAttr::new(to.ctx.query_gid(1, 0).unwrap())
-        .with_udp_port(to.ctx.port_addr(1).unwrap().port());
+    let attr =
+        AhAttr::new(to.ctx.query_gid(1, 0).unwrap()).with_udp_port(common::udp_port(&to.ctx, 1));
     from.pd.create_ah(&attr).unwrap()
 }
 
@@ -114,11 +114,8 @@ fn ud_ping_pong_reply_through_an_ah_from_the_completion() {
     let grh = b.mr.to_vec(0, GRH_LEN).unwrap();
     assert!(grh[..20].iter().all(|&x| x == 0));
     assert_eq!(grh[20], 0x45);
-    assert_eq!(grh_source(&grh), Some(a.ctx.port_addr(1).unwrap().ip()));
-    assert_eq!(
-        grh_destination(&grh),
-        Some(b.ctx.port_addr(1).unwrap().ip())
-    );
+    assert_eq!(grh_source(&grh), Some(common::port_ip(&a.ctx, 1)));
+    assert_eq!(grh_destination(&grh), Some(common::port_ip(&b.ctx, 1)));
     assert_eq!(b.mr.to_vec(GRH_LEN, 12).unwrap(), b"ping over UD");
     // Reply to whoever sent it.
     let back = AddressHandle::from_work_completion(&b.pd, 1, &wc, &grh).unwrap();
@@ -231,8 +228,7 @@ fn ud_qps_on_an_srq() {
         srq.post_recv(&RecvWr::new(i, &r)).unwrap();
     }
     let a = ud_side(QKEY);
-    let attr =
-        AhAttr::new(ctx.query_gid(1, 0).unwrap()).with_udp_port(ctx.port_addr(1).unwrap().port());
+    let attr = AhAttr::new(ctx.query_gid(1, 0).unwrap()).with_udp_port(common::udp_port(&ctx, 1));
     let ah = a.pd.create_ah(&attr).unwrap();
     let s = [a.mr.sge(0, 8)];
     for q in &qps {

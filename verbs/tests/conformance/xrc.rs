@@ -159,7 +159,7 @@ fn target_info(t: &Target) -> Vec<u8> {
     let mut v = Vec::new();
     v.extend_from_slice(&t.tgt.qp_num().0.to_be_bytes());
     v.extend_from_slice(&t.ctx.query_gid(1, 0).unwrap().0);
-    v.extend_from_slice(&t.ctx.port_addr(1).unwrap().port().to_be_bytes());
+    v.extend_from_slice(&common::udp_port(&t.ctx, 1).to_be_bytes());
     for s in &t.srqs {
         v.extend_from_slice(&s.srq_num().to_be_bytes());
     }
@@ -226,10 +226,7 @@ fn one_initiator_reaches_four_srqs_in_one_process() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256, None).unwrap();
     let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
-    let me = ah(
-        ctx.query_gid(1, 0).unwrap().0,
-        ctx.port_addr(1).unwrap().port(),
-    );
+    let me = ah(ctx.query_gid(1, 0).unwrap().0, common::udp_port(&ctx, 1));
     connect_tgt(&t.tgt, ini.qp_num().0, me, 7000, 100);
     connect_ini(&ini, info.qpn, ah(info.gid, info.port), 100, 7000);
     let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
@@ -305,7 +302,7 @@ fn xrc_across_two_processes() {
         let mut me = Vec::new();
         me.extend_from_slice(&ini.qp_num().0.to_be_bytes());
         me.extend_from_slice(&ctx.query_gid(1, 0).unwrap().0);
-        me.extend_from_slice(&ctx.port_addr(1).unwrap().port().to_be_bytes());
+        me.extend_from_slice(&common::udp_port(&ctx, 1).to_be_bytes());
         tcp.write_all(&me).unwrap();
         let mut c = [0u8; 1];
         tcp.read_exact(&mut c).unwrap();
