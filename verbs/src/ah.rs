@@ -25,10 +25,11 @@ impl AddressHandle {
                 reason: format!("port {} does not exist", attr.port_num),
             });
         }
-        if attr.sgid_index != 0 {
+        let gids = pd.context().query_port(attr.port_num)?.gid_tbl_len;
+        if u32::from(attr.sgid_index) >= gids {
             return Err(VerbsError::InvalidAttribute {
                 attr: "sgid_index",
-                reason: "each port has one GID (index 0)".into(),
+                reason: format!("port {} has {gids} GID(s)", attr.port_num),
             });
         }
         if attr.dgid.to_ip().is_unspecified() {
