@@ -191,6 +191,21 @@ fn parse_info(b: &[u8]) -> TargetInfo {
     }
 }
 
+/// Four rounds of one tagged message to each SRQ through the one initiator QP; all succeed.
+fn send_to_each_srq(ini: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, srqns: &[u32; 4]) {
+    for round in 0..4u8 {
+        for (k, &srqn) in srqns.iter().enumerate() {
+            let off = (round as usize * 4 + k) * 256;
+            mr.write(off, &[k as u8, round, 0xC3]).unwrap();
+            let s = [mr.sge(off, 3)];
+            ini.post_send(&SendWr::send(off as u64, &s).signaled().to_srq(srqn))
+                .unwrap();
+        }
+    }
+    let wcs = wait(cq, 16);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+}
+
 fn check_target(t: &Target) {
     for (k, cq) in t.cqs.iter().enumerate() {
         let wcs = wait(cq, 4);
@@ -236,17 +251,7 @@ fn one_initiator_reaches_four_srqs_in_one_process() {
         ini.post_send(&SendWr::send(1, &s)),
         Err(PostError::InvalidWorkRequest(_))
     ));
-    for round in 0..4u8 {
-        for (k, &srqn) in info.srqns.iter().enumerate() {
-            let off = (round as usize * 4 + k) * 256;
-            mr.write(off, &[k as u8, round, 0xC3]).unwrap();
-            let s = [mr.sge(off, 3)];
-            ini.post_send(&SendWr::send(off as u64, &s).signaled().to_srq(srqn))
-                .unwrap();
-        }
-    }
-    let wcs = wait(&cq, 16);
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    send_to_each_srq(&ini, &cq, &mr, &info.srqns);
     check_target(&t);
     // A wrong SRQ number is a remote access error; the connection then fails.
     let s = [mr.sge(0, 3)];
@@ -308,17 +313,7 @@ fn xrc_across_two_processes() {
         tcp.read_exact(&mut c).unwrap();
         let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
         connect_ini(&ini, t.qpn, ah(t.gid, t.port), 100, 7000);
-        for round in 0..4u8 {
-            for (k, &srqn) in t.srqns.iter().enumerate() {
-                let off = (round as usize * 4 + k) * 256;
-                mr.write(off, &[k as u8, round, 0xC3]).unwrap();
-                let s = [mr.sge(off, 3)];
-                ini.post_send(&SendWr::send(off as u64, &s).signaled().to_srq(srqn))
-                    .unwrap();
-            }
-        }
-        let wcs = wait(&cq, 16);
-        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        send_to_each_srq(&ini, &cq, &mr, &t.srqns);
         mr.write(8192, b"xrc write").unwrap();
         let s = [mr.sge(8192, 9)];
         let w = WrOpcode::RdmaWrite {
