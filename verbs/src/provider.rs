@@ -84,7 +84,6 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
         xrc: Option<(u32, u32)>,
         max_wr: u32,
         max_sge: u32,
-        limit: u32,
     ) -> Result<u32, VerbsError>;
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError>;
     fn post_srq_recv(&self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError>;

@@ -52,12 +52,24 @@ pub struct SharedReceiveQueue {
 
 impl SharedReceiveQueue {
     pub(crate) fn new(pd: &ProtectionDomain, a: &SrqInitAttr) -> Result<Self, VerbsError> {
-        let pdid = pd.inner.id;
-        let id = pd
-            .inner
-            .ctx
-            .dev()
-            .create_srq(pdid, None, a.max_wr, a.max_sge, a.srq_limit)?;
+        Self::create(pd, None, a)
+    }
+
+    /// Creates a plain (`xrc` = None) or XRC SRQ and arms its initial limit; an SRQ whose
+    /// limit cannot be set is destroyed again, so a failed creation leaves nothing behind.
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        xrc: Option<(u32, u32)>,
+        a: &SrqInitAttr,
+    ) -> Result<Self, VerbsError> {
+        let dev = pd.inner.ctx.dev();
+        let id = dev.create_srq(pd.inner.id, xrc, a.max_wr, a.max_sge)?;
+        if a.srq_limit > 0 {
+            if let Err(e) = dev.modify_srq(id, None, Some(a.srq_limit)) {
+                let _ = dev.destroy_srq(id);
+                return Err(e);
+            }
+        }
         Ok(Self {
             inner: Arc::new(SrqInner {
                 pd: pd.inner.clone(),

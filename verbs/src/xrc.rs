@@ -9,7 +9,7 @@ use crate::device::Context;
 use crate::error::VerbsError;
 use crate::pd::ProtectionDomain;
 use crate::qp::QueuePair;
-use crate::srq::{SharedReceiveQueue, SrqInitAttr, SrqInner};
+use crate::srq::{SharedReceiveQueue, SrqInitAttr};
 
 /// An XRC domain (`struct ibv_xrcd`).
 #[derive(Debug, Clone)]
@@ -48,16 +48,7 @@ impl ProtectionDomain {
                 "objects of another device".into(),
             ));
         }
-        let (pd, d, c) = (self.inner.id, xrcd.id, cq.inner.id);
-        let id =
-            ctx.dev()
-                .create_srq(pd, Some((d, c)), attr.max_wr, attr.max_sge, attr.srq_limit)?;
-        Ok(SharedReceiveQueue {
-            inner: Arc::new(SrqInner {
-                pd: self.inner.clone(),
-                id,
-            }),
-        })
+        SharedReceiveQueue::create(self, Some((xrcd.id, cq.inner.id)), attr)
     }
 
     /// Creates an XRC target QP in `xrcd` (`ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`).

@@ -506,19 +506,11 @@ impl Provider for IbvDevice {
         xrc: Option<(u32, u32)>,
         max_wr: u32,
         max_sge: u32,
-        limit: u32,
     ) -> Result<u32, VerbsError> {
-        let h = match xrc {
-            Some(x) => self.create_xrc_srq(pd, x, max_wr, max_sge)?,
-            None => Self::create_srq(self, pd, max_wr, max_sge)?,
-        };
-        if limit > 0 {
-            if let Err(e) = Self::modify_srq(self, h, None, Some(limit)) {
-                let _ = Self::destroy_srq(self, h);
-                return Err(e);
-            }
+        match xrc {
+            Some(x) => self.create_xrc_srq(pd, x, max_wr, max_sge),
+            None => Self::create_srq(self, pd, max_wr, max_sge),
         }
-        Ok(h)
     }
 
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError> {

@@ -213,20 +213,10 @@ impl Provider for Shared {
         xrc: Option<(u32, u32)>,
         max_wr: u32,
         max_sge: u32,
-        limit: u32,
     ) -> Result<u32, VerbsError> {
-        self.with_nic(|n, _| {
-            let id = match xrc {
-                Some((xrcd, cq)) => n.create_xrc_srq(pd, xrcd, cq, max_wr, max_sge)?,
-                None => n.create_srq(pd, max_wr, max_sge)?,
-            };
-            if limit > 0 {
-                if let Err(e) = n.modify_srq(id, None, Some(limit)) {
-                    let _ = n.destroy_srq(id);
-                    return Err(e);
-                }
-            }
-            Ok(id)
+        self.with_nic(|n, _| match xrc {
+            Some((xrcd, cq)) => n.create_xrc_srq(pd, xrcd, cq, max_wr, max_sge),
+            None => n.create_srq(pd, max_wr, max_sge),
         })
     }
 

@@ -120,3 +120,29 @@ fn eight_rc_qps_on_one_srq_and_the_limit_event() {
     let e = rctx.get_async_event(Duration::from_secs(2));
     assert_eq!(e, Some(AsyncEvent::QpLastWqeReached(rqp.qp_num())));
 }
+
+#[test]
+fn an_initial_limit_is_armed_or_the_srq_is_refused() {
+    let ctx = common::open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let srq = pd
+        .create_srq(&SrqInitAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 4,
+        })
+        .unwrap();
+    assert_eq!(srq.query().unwrap().srq_limit, 4);
+    // A limit above the queue depth is refused with a clear error.
+    let e = pd
+        .create_srq(&SrqInitAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 17,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(e, rdmx_verbs::VerbsError::InvalidAttribute { .. }),
+        "{e}"
+    );
+}
