@@ -110,35 +110,14 @@ fn capture_child() {
 
 /// UD unicast and multicast datagrams, for the capture.
 fn ud_and_multicast_frames() {
-    use rdmx_verbs::{AhAttr, Gid, QpAttr, QpAttrMask as M, QpInitAttr, QpState, Qpn};
+    use rdmx_verbs::{AhAttr, Gid, QpInitAttr, Qpn};
     let qkey = 0x0101_0101;
     let mk = || {
         let ctx = Device::open("soft:127.0.0.1").unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64, None).unwrap();
         let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey,
-            ..QpAttr::default()
-        };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-            .unwrap();
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..QpAttr::default()
-            },
-            M::STATE,
-        )
-        .unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 5,
-            ..QpAttr::default()
-        };
-        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        common::bring_up_ud(&qp, qkey, 5);
         let mr = pd.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
         (ctx, pd, cq, qp, mr)
     };

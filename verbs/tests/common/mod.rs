@@ -80,6 +80,32 @@ pub fn port_ip(ctx: &Context, port: u8) -> std::net::IpAddr {
     ctx.query_gid(port, 0).expect("port GID").to_ip()
 }
 
+/// Brings a UD QP to RTS with Q_Key `qkey` (RESET->INIT needs QKEY; RTR needs nothing).
+pub fn bring_up_ud(qp: &QueuePair, qkey: u32, sq_psn: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn,
+        ..QpAttr::default()
+    };
+    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+}
+
 /// Reports a test skipped for a missing capability, saying why.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test} on {}: {reason}", test_device());

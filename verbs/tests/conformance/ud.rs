@@ -42,31 +42,16 @@ fn ud_side(qkey: u32) -> Ud {
 }
 
 fn bring_up(qp: &QueuePair, qkey: u32) {
+    // A UD QP needs QKEY at RESET->INIT; ACCESS_FLAGS is not allowed.
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
         qkey,
         ..QpAttr::default()
     };
-    // A UD QP needs QKEY at RESET->INIT; ACCESS_FLAGS is not allowed.
     let e = qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
     assert!(e.is_err());
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-        .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        },
-        M::STATE,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 77,
-        ..QpAttr::default()
-    };
-    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    common::bring_up_ud(qp, qkey, 77);
 }
 
 fn ah_to(from: &Ud, to: &Ud) -> AddressHandle {
