@@ -14,7 +14,7 @@ use crate::soft::driver::ChannelInner;
 use crate::soft::engine::{AsyncEvent, NicCounters, QpConfig, SrqState};
 use crate::soft::fault::FaultStats;
 use crate::types::{
-    AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, Qpn, WorkCompletion,
+    AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, Qpn, WorkCompletion,
 };
 use crate::wr::{RecvWr, SendWr};
 
@@ -71,6 +71,12 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn destroy_qp(&self, qpn: Qpn);
     fn modify_qp(&self, qpn: Qpn, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError>;
     fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)>;
+    /// The QP's current state, for the common transition check in `QueuePair::modify`;
+    /// `None` when the provider cannot tell (the QP is gone, or the device reports a state
+    /// verbs does not name), which leaves the check to the provider.
+    fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.query_qp(qpn).map(|(a, _)| a.qp_state)
+    }
     fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)>;
     fn post_recv(&self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError>;
     fn attach_mcast(&self, qpn: Qpn, gid: Gid, port: u8) -> Result<(), VerbsError>;

@@ -1,10 +1,13 @@
 //! Queue pairs.
 
+pub(crate) mod state;
+
 use std::sync::Arc;
 
 use crate::cq::{CompletionQueue, CqInner};
 use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
+use crate::provider::Provider;
 use crate::soft::engine::QpConfig;
 use crate::srq::{SharedReceiveQueue, SrqInner};
 use crate::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
@@ -117,12 +120,18 @@ impl QueuePair {
     /// Modifies attributes / moves through the state machine (`ibv_modify_qp`). Only fields
     /// named in `mask` are read.
     ///
+    /// The transition and the mask are checked against the QP's current state here, before
+    /// the provider is called, so every provider reports them the same way.
+    ///
     /// # Errors
     /// `IllegalTransition`, `MissingAttribute` or `UnexpectedAttribute` (naming the mask
-    /// bit) exactly where verbs returns EINVAL; `InvalidAttribute` for out-of-range values.
+    /// bit) exactly where verbs returns EINVAL, on every provider; `InvalidAttribute` for a
+    /// `CUR_STATE` that is not the QP's state and for out-of-range values. What only the
+    /// device can judge (on hardware: port, P_Key index, MTU or RDMA-read depth beyond the
+    /// device's limits, or a state the device changed on its own since the check) is
+    /// reported by the provider, on libibverbs as `Io` with the kernel's errno.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
-        let qpn = self.qpn;
-        self.pd.ctx.dev().modify_qp(qpn, attr, mask)
+        modify_on(&**self.pd.ctx.dev(), self.qpn, self.qp_type, attr, mask)
     }
 
     /// Current attributes and capacities (`ibv_query_qp`).
@@ -175,6 +184,21 @@ impl QueuePair {
         let qpn = self.qpn;
         self.pd.ctx.dev().post_recv(qpn, wr)
     }
+}
+
+/// `QueuePair::modify` on `dev`: the common state-machine check on the state the provider
+/// reports, then the provider's own modify.
+fn modify_on(
+    dev: &dyn Provider,
+    qpn: Qpn,
+    qp_type: QpType,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+) -> Result<(), VerbsError> {
+    if let Some(from) = dev.qp_state(qpn) {
+        state::check_modify(qp_type, from, attr, mask)?;
+    }
+    dev.modify_qp(qpn, attr, mask)
 }
 
 impl QueuePair {
@@ -258,5 +282,293 @@ impl Drop for QueuePair {
             let _ = dev.detach_mcast(qpn, gid, port);
         }
         dev.destroy_qp(qpn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::os::fd::RawFd;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::mem::RegisteredMemory;
+    use crate::soft::driver::ChannelInner;
+    use crate::soft::engine::{AsyncEvent, SrqState};
+    use crate::types::{AccessFlags, DeviceAttr, PortAttr, WorkCompletion};
+
+    const QPN: Qpn = Qpn(0x11);
+
+    /// A provider that applies every modify it gets without checking it, as libibverbs
+    /// hands it to the kernel: whatever reaches it got through the common check.
+    #[derive(Debug)]
+    struct Unchecked {
+        /// The QP's state as the provider reports it (`None`: cannot tell).
+        state: Mutex<Option<QpState>>,
+        modifies: AtomicUsize,
+    }
+
+    impl Unchecked {
+        fn in_state(s: Option<QpState>) -> Self {
+            Self {
+                state: Mutex::new(s),
+                modifies: AtomicUsize::new(0),
+            }
+        }
+
+        fn modifies(&self) -> usize {
+            self.modifies.load(Ordering::Relaxed)
+        }
+    }
+
+    impl Provider for Unchecked {
+        fn query_device(&self) -> DeviceAttr {
+            unreachable!()
+        }
+        fn query_port(&self, _: u8) -> Result<PortAttr, VerbsError> {
+            unreachable!()
+        }
+        fn query_gid(&self, _: u8, _: u32) -> Result<Gid, VerbsError> {
+            unreachable!()
+        }
+        fn port_addr(&self, _: u8) -> Result<SocketAddr, VerbsError> {
+            unreachable!()
+        }
+        fn pop_event(&self) -> Option<AsyncEvent> {
+            None
+        }
+        fn event_fd(&self) -> RawFd {
+            -1
+        }
+        fn shutdown(&self) {}
+        fn alloc_pd(&self) -> Result<u32, VerbsError> {
+            unreachable!()
+        }
+        fn reg_mr(
+            &self,
+            _: u32,
+            _: &Arc<RegisteredMemory>,
+            _: AccessFlags,
+        ) -> Result<(u32, u32), VerbsError> {
+            unreachable!()
+        }
+        fn dereg_mr(&self, _: u32) {}
+        fn create_cq(&self, _: usize, _: &Arc<ChannelInner>) -> Result<u32, VerbsError> {
+            unreachable!()
+        }
+        fn destroy_cq(&self, _: u32) {}
+        fn poll_cq(&self, _: u32, _: &mut [WorkCompletion]) -> usize {
+            0
+        }
+        fn req_notify_cq(&self, _: u32, _: bool) {}
+        fn progress(&self) -> usize {
+            0
+        }
+        fn release(&self) {}
+        fn create_qp(&self, _: &QpConfig) -> Result<Qpn, VerbsError> {
+            unreachable!()
+        }
+        fn destroy_qp(&self, _: Qpn) {}
+        fn modify_qp(&self, qpn: Qpn, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
+            assert_eq!(qpn, QPN);
+            self.modifies.fetch_add(1, Ordering::Relaxed);
+            if mask.contains(QpAttrMask::STATE) {
+                *self.state.lock() = Some(attr.qp_state);
+            }
+            Ok(())
+        }
+        fn query_qp(&self, _: Qpn) -> Option<(QpAttr, QpCap)> {
+            unreachable!("the common check asks for the state only")
+        }
+        fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+            assert_eq!(qpn, QPN);
+            *self.state.lock()
+        }
+        fn post_send(&self, _: Qpn, _: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+            unreachable!()
+        }
+        fn post_recv(&self, _: Qpn, _: &RecvWr<'_>) -> Result<(), PostError> {
+            unreachable!()
+        }
+        fn attach_mcast(&self, _: Qpn, _: Gid, _: u8) -> Result<(), VerbsError> {
+            unreachable!()
+        }
+        fn detach_mcast(&self, _: Qpn, _: Gid, _: u8) -> Result<(), VerbsError> {
+            unreachable!()
+        }
+        fn create_srq(
+            &self,
+            _: u32,
+            _: Option<(u32, u32)>,
+            _: u32,
+            _: u32,
+        ) -> Result<u32, VerbsError> {
+            unreachable!()
+        }
+        fn destroy_srq(&self, _: u32) -> Result<(), VerbsError> {
+            unreachable!()
+        }
+        fn post_srq_recv(&self, _: u32, _: &RecvWr<'_>) -> Result<(), PostError> {
+            unreachable!()
+        }
+        fn modify_srq(&self, _: u32, _: Option<u32>, _: Option<u32>) -> Result<(), VerbsError> {
+            unreachable!()
+        }
+        fn query_srq(&self, _: u32) -> Option<SrqState> {
+            unreachable!()
+        }
+        fn alloc_xrcd(&self) -> Result<u32, VerbsError> {
+            unreachable!()
+        }
+    }
+
+    fn to(s: QpState) -> QpAttr {
+        QpAttr {
+            qp_state: s,
+            ..QpAttr::default()
+        }
+    }
+
+    /// The mask verbs requires for RC RESET -> INIT.
+    fn rc_init() -> QpAttrMask {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+    }
+
+    #[test]
+    fn illegal_transition_is_named_and_never_reaches_the_provider() {
+        let dev = Unchecked::in_state(Some(QpState::Reset));
+        let e = modify_on(&dev, QPN, QpType::Rc, &to(QpState::Rts), QpAttrMask::STATE);
+        assert!(
+            matches!(
+                e,
+                Err(VerbsError::IllegalTransition {
+                    qp_type: QpType::Rc,
+                    from: QpState::Reset,
+                    to: QpState::Rts,
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(dev.modifies(), 0);
+    }
+
+    #[test]
+    fn missing_and_extra_mask_bits_are_named_before_the_provider() {
+        let dev = Unchecked::in_state(Some(QpState::Reset));
+        let e = modify_on(
+            &dev,
+            QPN,
+            QpType::Rc,
+            &to(QpState::Init),
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT,
+        );
+        assert!(
+            matches!(
+                e,
+                Err(VerbsError::MissingAttribute {
+                    attr: "ACCESS_FLAGS",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = modify_on(
+            &dev,
+            QPN,
+            QpType::Ud,
+            &to(QpState::Init),
+            rc_init() | QpAttrMask::QKEY,
+        );
+        assert!(
+            matches!(
+                e,
+                Err(VerbsError::UnexpectedAttribute {
+                    attr: "ACCESS_FLAGS",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(dev.modifies(), 0);
+    }
+
+    #[test]
+    fn the_check_uses_the_state_the_provider_reports() {
+        // RTS -> RTS may change MIN_RNR_TIMER; once the device has moved the QP to ERR on
+        // its own, the same call is ERR -> ERR, which allows no attributes.
+        let dev = Unchecked::in_state(Some(QpState::Rts));
+        modify_on(
+            &dev,
+            QPN,
+            QpType::Rc,
+            &QpAttr::default(),
+            QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        assert_eq!(dev.modifies(), 1);
+        *dev.state.lock() = Some(QpState::Err);
+        let e = modify_on(
+            &dev,
+            QPN,
+            QpType::Rc,
+            &QpAttr::default(),
+            QpAttrMask::MIN_RNR_TIMER,
+        );
+        assert!(
+            matches!(
+                e,
+                Err(VerbsError::UnexpectedAttribute {
+                    from: QpState::Err,
+                    attr: "MIN_RNR_TIMER",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(dev.modifies(), 1);
+    }
+
+    #[test]
+    fn a_legal_transition_reaches_the_provider() {
+        let dev = Unchecked::in_state(Some(QpState::Reset));
+        modify_on(&dev, QPN, QpType::Rc, &to(QpState::Init), rc_init()).unwrap();
+        assert_eq!(dev.modifies(), 1);
+        assert_eq!(*dev.state.lock(), Some(QpState::Init));
+    }
+
+    #[test]
+    fn cur_state_must_name_the_current_state() {
+        let dev = Unchecked::in_state(Some(QpState::Rts));
+        let a = QpAttr {
+            cur_qp_state: QpState::Sqe,
+            ..to(QpState::Rts)
+        };
+        let e = modify_on(
+            &dev,
+            QPN,
+            QpType::Ud,
+            &a,
+            QpAttrMask::STATE | QpAttrMask::CUR_STATE,
+        );
+        assert!(
+            matches!(
+                e,
+                Err(VerbsError::InvalidAttribute {
+                    attr: "CUR_STATE",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(dev.modifies(), 0);
+    }
+
+    #[test]
+    fn an_unknown_state_leaves_the_check_to_the_provider() {
+        let dev = Unchecked::in_state(None);
+        modify_on(&dev, QPN, QpType::Rc, &to(QpState::Rts), QpAttrMask::STATE).unwrap();
+        assert_eq!(dev.modifies(), 1);
     }
 }

@@ -44,8 +44,8 @@ use crate::provider::Provider;
 use crate::soft::driver::ChannelInner;
 use crate::soft::engine::{AsyncEvent, QpConfig, SrqState};
 use crate::types::{
-    AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, Qpn,
-    WorkCompletion,
+    AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, QpState,
+    Qpn, WorkCompletion,
 };
 use crate::wr::{RecvWr, SendWr};
 use tables::{Ptr, QpEntry, Tables};
@@ -468,6 +468,10 @@ impl Provider for IbvDevice {
 
     fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
         Self::query_qp(self, qpn)
+    }
+
+    fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        Self::qp_state(self, qpn)
     }
 
     fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {

@@ -3,6 +3,7 @@
 
 use super::{IbvDevice, Ptr, QpEntry, ffi, io_err, last_err, mtu_from};
 use crate::error::VerbsError;
+use crate::qp::state;
 use crate::soft::engine::QpConfig;
 use crate::types::{
     AccessFlags, AhAttr, Gid, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn,
@@ -61,16 +62,20 @@ fn ah_from(a: &ffi::ibv_ah_attr) -> AhAttr {
     }
 }
 
-fn state_from(v: u32) -> QpState {
-    match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        _ => QpState::Err,
-    }
+/// The state for an `ibv_qp_state` code; `None` for `IBV_QPS_UNKNOWN` and codes verbs.h
+/// does not define.
+fn state_from(v: u32) -> Option<QpState> {
+    use ffi::ibv_qp_state as s;
+    Some(match v {
+        s::IBV_QPS_RESET => QpState::Reset,
+        s::IBV_QPS_INIT => QpState::Init,
+        s::IBV_QPS_RTR => QpState::Rtr,
+        s::IBV_QPS_RTS => QpState::Rts,
+        s::IBV_QPS_SQD => QpState::Sqd,
+        s::IBV_QPS_SQE => QpState::Sqe,
+        s::IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
 }
 
 fn mig_from(v: ffi::ibv_mig_state) -> MigState {
@@ -123,8 +128,10 @@ fn raw_attr(a: &QpAttr) -> ffi::ibv_qp_attr {
 
 fn attr_from(a: &ffi::ibv_qp_attr) -> QpAttr {
     QpAttr {
-        qp_state: state_from(a.qp_state),
-        cur_qp_state: state_from(a.cur_qp_state),
+        // QpState has no "unknown": IBV_QPS_UNKNOWN reads as ERR here (`qp_state`, which
+        // the modify check uses, reports it as unknown instead).
+        qp_state: state_from(a.qp_state).unwrap_or(QpState::Err),
+        cur_qp_state: state_from(a.cur_qp_state).unwrap_or(QpState::Err),
         path_mtu: mtu_from(a.path_mtu),
         path_mig_state: mig_from(a.path_mig_state),
         qkey: a.qkey,
@@ -232,6 +239,9 @@ impl IbvDevice {
         mask: QpAttrMask,
     ) -> Result<(), VerbsError> {
         let e = self.qp(qpn).ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        // The transition and mask were checked by `QueuePair::modify`; values that do not
+        // fit their verbs fields would be truncated on the way to the NIC, so name them.
+        state::check_ranges(attr, mask)?;
         let mut raw = raw_attr(attr);
         let bits = std::os::raw::c_int::try_from(mask.bits() & QUERY_ALL).unwrap_or(0);
         // SAFETY: live QP; `raw` is a live, fully initialised attribute struct.
@@ -267,6 +277,24 @@ impl IbvDevice {
         Some((a, cap_from(&init.cap)))
     }
 
+    /// The QP's state alone (`ibv_query_qp` with `IBV_QP_STATE`); `None` for a QP that is
+    /// gone, a failed query or a state verbs does not name.
+    pub(super) fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        let e = self.qp(qpn)?;
+        // SAFETY: both are plain C structs (integers, pointers, unions of byte arrays) for
+        // which all-zero bytes are valid.
+        let (mut attr, mut init): (ffi::ibv_qp_attr, ffi::ibv_qp_init_attr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as std::os::raw::c_int;
+        // SAFETY: live QP; both out-structs are live and correctly sized.
+        let rc = unsafe { ffi::ibv_query_qp(e.qp.0, &raw mut attr, mask, &raw mut init) };
+        if rc != 0 {
+            tracing::debug!(qpn = qpn.0, rc, "ibv_query_qp(IBV_QP_STATE) failed");
+            return None;
+        }
+        state_from(attr.qp_state)
+    }
+
     /// The address handle for UD sends from PD `pd` along `attr`, created on first use and
     /// cached until the device closes (a send's AH must outlive its completion, which the
     /// provider cannot track per WR).
@@ -290,5 +318,30 @@ impl IbvDevice {
         }
         t.ahs.insert((pd, key), Ptr(ah));
         Ok(Ptr(ah))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_verbs_qp_state_maps_to_the_same_number() {
+        use ffi::ibv_qp_state as s;
+        for code in [
+            s::IBV_QPS_RESET,
+            s::IBV_QPS_INIT,
+            s::IBV_QPS_RTR,
+            s::IBV_QPS_RTS,
+            s::IBV_QPS_SQD,
+            s::IBV_QPS_SQE,
+            s::IBV_QPS_ERR,
+        ] {
+            // `raw_attr` passes states to libibverbs as their discriminant.
+            let st = state_from(code).unwrap();
+            assert_eq!(st as u32, code, "{st}");
+        }
+        assert_eq!(state_from(s::IBV_QPS_UNKNOWN), None);
+        assert_eq!(state_from(99), None);
     }
 }

@@ -25,7 +25,6 @@ mod requester;
 mod responder;
 mod rng;
 mod srq;
-mod state;
 mod ud;
 
 #[cfg(test)]

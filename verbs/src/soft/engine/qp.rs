@@ -3,8 +3,9 @@
 
 use std::net::SocketAddr;
 
-use super::{AsyncEvent, Payload, Resources, Transmit, state};
+use super::{AsyncEvent, Payload, Resources, Transmit};
 use crate::error::{PostError, VerbsError};
+use crate::qp::state;
 use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, Transport, finish_packet};
 use crate::types::{
     AccessFlags, MigState, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn, SendFlags,
@@ -172,18 +173,9 @@ impl Qp {
         mask: M,
     ) -> Result<(), VerbsError> {
         let from = self.state();
-        let to = if mask.contains(M::STATE) {
-            a.qp_state
-        } else {
-            from
-        };
-        state::check(self.qp_type, from, to, mask)?;
-        if mask.contains(M::CUR_STATE) && a.cur_qp_state != from {
-            return Err(VerbsError::InvalidAttribute {
-                attr: "CUR_STATE",
-                reason: format!("QP is in {from}, not {}", a.cur_qp_state),
-            });
-        }
+        // The common layer (`QueuePair::modify`) has run the same check on the state it
+        // queried; this one sees the state under the NIC lock.
+        let to = state::check_modify(self.qp_type, from, a, mask)?;
         self.validate_values(res, a, mask)?;
         self.check_apm(res, a, mask, to)?;
 

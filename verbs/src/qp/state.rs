@@ -1,8 +1,13 @@
 //! The verbs QP state machine: which transitions are legal and which attribute-mask bits each
 //! one requires or allows, per QP type (spec §9.4, the kernel's `qp_state_table`).
+//!
+//! Pure functions shared by every provider: `QueuePair::modify` runs [`check_modify`] on
+//! the QP's current state before it calls the provider, so an illegal transition or a
+//! missing or extra mask bit gives the same named error on the soft NIC and on libibverbs
+//! (where the kernel would only say EINVAL). The soft engine runs it again under its lock.
 
 use crate::error::VerbsError;
-use crate::types::{QpAttrMask as M, QpState as S, QpType};
+use crate::types::{QpAttr, QpAttrMask as M, QpState as S, QpType};
 
 /// Required and optional mask bits of one transition.
 #[derive(Debug, Clone, Copy)]
@@ -154,6 +159,66 @@ pub(crate) fn check(qp_type: QpType, from: S, to: S, mask: M) -> Result<(), Verb
     Ok(())
 }
 
+/// Checks a `modify_qp` call on a QP of `qp_type` that is in state `from`, and returns the
+/// target state (`a.qp_state`, or `from` when the mask has no `STATE` bit): the transition
+/// must be legal, the mask must hold every bit it requires and no bit it does not allow
+/// ([`check`]), and a `CUR_STATE` attribute must name the state the QP is in.
+pub(crate) fn check_modify(qp_type: QpType, from: S, a: &QpAttr, mask: M) -> Result<S, VerbsError> {
+    let to = if mask.contains(M::STATE) {
+        a.qp_state
+    } else {
+        from
+    };
+    check(qp_type, from, to, mask)?;
+    if mask.contains(M::CUR_STATE) && a.cur_qp_state != from {
+        return Err(VerbsError::InvalidAttribute {
+            attr: "CUR_STATE",
+            reason: format!("QP is in {from}, not {}", a.cur_qp_state),
+        });
+    }
+    Ok(to)
+}
+
+/// Checks that the attributes named in `mask` fit the fields verbs defines for them (the
+/// 3-bit retry counts, 5-bit timers, 24-bit QPN and the four access bits), with the soft
+/// NIC's wording. A provider that hands attributes to hardware runs this so an
+/// out-of-range value is rejected by name instead of being truncated on its way to the NIC.
+/// Device-dependent limits (ports, P_Key indexes, RDMA-read depths, path MTU) are left to
+/// the provider.
+#[cfg_attr(not(feature = "ibverbs"), allow(dead_code))]
+pub(crate) fn check_ranges(a: &QpAttr, mask: M) -> Result<(), VerbsError> {
+    let bad =
+        |attr: &'static str, reason: String| Err(VerbsError::InvalidAttribute { attr, reason });
+    if mask.contains(M::ACCESS_FLAGS) && a.qp_access_flags.bits() & !0xF != 0 {
+        return bad(
+            "ACCESS_FLAGS",
+            format!("unknown bits {:#x}", a.qp_access_flags.bits()),
+        );
+    }
+    if mask.contains(M::TIMEOUT) && a.timeout > 31 {
+        return bad("TIMEOUT", format!("{} > 31", a.timeout));
+    }
+    if mask.contains(M::RETRY_CNT) && a.retry_cnt > 7 {
+        return bad("RETRY_CNT", format!("{} > 7", a.retry_cnt));
+    }
+    if mask.contains(M::RNR_RETRY) && a.rnr_retry > 7 {
+        return bad("RNR_RETRY", format!("{} > 7", a.rnr_retry));
+    }
+    if mask.contains(M::MIN_RNR_TIMER) && a.min_rnr_timer > 31 {
+        return bad("MIN_RNR_TIMER", format!("{} > 31", a.min_rnr_timer));
+    }
+    if mask.contains(M::ALT_PATH) && a.alt_timeout > 31 {
+        return bad("ALT_PATH", format!("alt_timeout {} > 31", a.alt_timeout));
+    }
+    if mask.contains(M::DEST_QPN) && a.dest_qp_num > 0x00FF_FFFF {
+        return bad(
+            "DEST_QPN",
+            format!("{:#x} is not a 24-bit QPN", a.dest_qp_num),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +268,112 @@ mod tests {
             e,
             Err(VerbsError::MissingAttribute { attr: "QKEY", .. })
         ));
+    }
+
+    #[test]
+    fn check_modify_returns_the_target_and_checks_cur_state() {
+        let a = QpAttr {
+            qp_state: S::Init,
+            ..QpAttr::default()
+        };
+        assert_eq!(
+            check_modify(QpType::Rc, S::Reset, &a, rc_init()).unwrap(),
+            S::Init
+        );
+        // No STATE bit: the QP stays where it is.
+        assert_eq!(
+            check_modify(QpType::Rc, S::Rts, &a, M::MIN_RNR_TIMER).unwrap(),
+            S::Rts
+        );
+        let cur = |s| QpAttr {
+            qp_state: S::Rts,
+            cur_qp_state: s,
+            ..QpAttr::default()
+        };
+        let mask = M::STATE | M::CUR_STATE;
+        assert_eq!(
+            check_modify(QpType::Ud, S::Sqe, &cur(S::Sqe), mask).unwrap(),
+            S::Rts
+        );
+        assert!(matches!(
+            check_modify(QpType::Ud, S::Rts, &cur(S::Sqe), mask),
+            Err(VerbsError::InvalidAttribute {
+                attr: "CUR_STATE",
+                ..
+            })
+        ));
+        // The transition is judged first.
+        assert!(matches!(
+            check_modify(QpType::Rc, S::Sqe, &cur(S::Sqe), mask),
+            Err(VerbsError::IllegalTransition { .. })
+        ));
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let ok = QpAttr {
+            timeout: 31,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 31,
+            alt_timeout: 31,
+            dest_qp_num: 0x00FF_FFFF,
+            qp_access_flags: crate::types::AccessFlags(0xF),
+            ..QpAttr::default()
+        };
+        let all = M::TIMEOUT
+            | M::RETRY_CNT
+            | M::RNR_RETRY
+            | M::MIN_RNR_TIMER
+            | M::ALT_PATH
+            | M::DEST_QPN
+            | M::ACCESS_FLAGS;
+        check_ranges(&ok, all).unwrap();
+        let cases: [(&str, M, QpAttr); 7] = [
+            ("TIMEOUT", M::TIMEOUT, QpAttr { timeout: 32, ..ok }),
+            ("RETRY_CNT", M::RETRY_CNT, QpAttr { retry_cnt: 8, ..ok }),
+            ("RNR_RETRY", M::RNR_RETRY, QpAttr { rnr_retry: 8, ..ok }),
+            (
+                "MIN_RNR_TIMER",
+                M::MIN_RNR_TIMER,
+                QpAttr {
+                    min_rnr_timer: 32,
+                    ..ok
+                },
+            ),
+            (
+                "ALT_PATH",
+                M::ALT_PATH,
+                QpAttr {
+                    alt_timeout: 32,
+                    ..ok
+                },
+            ),
+            (
+                "DEST_QPN",
+                M::DEST_QPN,
+                QpAttr {
+                    dest_qp_num: 1 << 24,
+                    ..ok
+                },
+            ),
+            (
+                "ACCESS_FLAGS",
+                M::ACCESS_FLAGS,
+                QpAttr {
+                    qp_access_flags: crate::types::AccessFlags(0x10),
+                    ..ok
+                },
+            ),
+        ];
+        for (name, bit, bad) in cases {
+            match check_ranges(&bad, all) {
+                Err(VerbsError::InvalidAttribute { attr, .. }) => assert_eq!(attr, name),
+                other => panic!("{name}: {other:?}"),
+            }
+            // Only fields named in the mask are read.
+            check_ranges(&bad, M(all.0 & !bit.0)).unwrap();
+        }
     }
 
     #[test]
