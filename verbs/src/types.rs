@@ -433,7 +433,12 @@ pub enum WcStatus {
     RespTimeoutErr,
     /// 21: general error.
     GeneralErr,
-    /// A status value this enum does not name.
+    /// 22: tag-matching error (tag-matching SRQs).
+    TmErr,
+    /// 23: tag-matching rendezvous not completed.
+    TmRndvIncomplete,
+    /// A status value this enum does not name (`from_code` never returns it for a named
+    /// one).
     Other(u32),
 }
 
@@ -463,6 +468,8 @@ impl WcStatus {
             Self::FatalErr => 19,
             Self::RespTimeoutErr => 20,
             Self::GeneralErr => 21,
+            Self::TmErr => 22,
+            Self::TmRndvIncomplete => 23,
             Self::Other(n) => n,
         }
     }
@@ -492,6 +499,8 @@ impl WcStatus {
             19 => Self::FatalErr,
             20 => Self::RespTimeoutErr,
             21 => Self::GeneralErr,
+            22 => Self::TmErr,
+            23 => Self::TmRndvIncomplete,
             n => Self::Other(n),
         }
     }
@@ -522,13 +531,16 @@ impl fmt::Display for WcStatus {
             Self::FatalErr => "fatal error",
             Self::RespTimeoutErr => "response timeout",
             Self::GeneralErr => "general error",
+            Self::TmErr => "tag matching error",
+            Self::TmRndvIncomplete => "tag matching rendezvous incomplete",
             Self::Other(n) => return write!(f, "status {n}"),
         };
         f.write_str(s)
     }
 }
 
-/// Work completion opcode (`ibv_wc_opcode`).
+/// Work completion opcode (`ibv_wc_opcode`), with the libibverbs numbers. Receive-side
+/// opcodes have bit 7 (128) set ([`WcOpcode::is_recv`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum WcOpcode {
@@ -542,10 +554,33 @@ pub enum WcOpcode {
     CompSwap,
     /// 4: atomic fetch-and-add.
     FetchAdd,
+    /// 5: memory window bind.
+    BindMw,
+    /// 6: local invalidate.
+    LocalInv,
+    /// 7: TCP segmentation offload send (raw packet QPs).
+    Tso,
+    /// 8: flush.
+    Flush,
+    /// 9: atomic write.
+    AtomicWrite,
     /// 128: receive.
     Recv,
     /// 129: receive from an RDMA write with immediate.
     RecvRdmaWithImm,
+    /// 130: tag-matching SRQ: tag added.
+    TmAdd,
+    /// 131: tag-matching SRQ: tag deleted.
+    TmDel,
+    /// 132: tag-matching SRQ: tag list synchronised.
+    TmSync,
+    /// 133: tag-matching SRQ: receive matched a tag.
+    TmRecv,
+    /// 134: tag-matching SRQ: receive matched no tag.
+    TmNoTag,
+    /// An opcode this enum does not name, such as a provider's driver-specific codes
+    /// (135 to 137); `from_code` never returns it for a named one.
+    Other(u32),
 }
 
 impl WcOpcode {
@@ -557,9 +592,50 @@ impl WcOpcode {
             Self::RdmaRead => 2,
             Self::CompSwap => 3,
             Self::FetchAdd => 4,
+            Self::BindMw => 5,
+            Self::LocalInv => 6,
+            Self::Tso => 7,
+            Self::Flush => 8,
+            Self::AtomicWrite => 9,
             Self::Recv => 128,
             Self::RecvRdmaWithImm => 129,
+            Self::TmAdd => 130,
+            Self::TmDel => 131,
+            Self::TmSync => 132,
+            Self::TmRecv => 133,
+            Self::TmNoTag => 134,
+            Self::Other(n) => n,
         }
+    }
+
+    /// The opcode for a libibverbs numeric code.
+    pub const fn from_code(code: u32) -> Self {
+        match code {
+            0 => Self::Send,
+            1 => Self::RdmaWrite,
+            2 => Self::RdmaRead,
+            3 => Self::CompSwap,
+            4 => Self::FetchAdd,
+            5 => Self::BindMw,
+            6 => Self::LocalInv,
+            7 => Self::Tso,
+            8 => Self::Flush,
+            9 => Self::AtomicWrite,
+            128 => Self::Recv,
+            129 => Self::RecvRdmaWithImm,
+            130 => Self::TmAdd,
+            131 => Self::TmDel,
+            132 => Self::TmSync,
+            133 => Self::TmRecv,
+            134 => Self::TmNoTag,
+            n => Self::Other(n),
+        }
+    }
+
+    /// True for the completion of a receive-side operation (verbs.h: `opcode &
+    /// IBV_WC_RECV`), including opcodes this enum does not name.
+    pub const fn is_recv(self) -> bool {
+        self.code() & 0x80 != 0
     }
 }
 
@@ -885,8 +961,29 @@ mod tests {
 
     #[test]
     fn status_codes_round_trip() {
-        for c in 0..25 {
-            assert_eq!(WcStatus::from_code(c).code(), c);
+        for c in (0..300).chain([u32::MAX]) {
+            let s = WcStatus::from_code(c);
+            assert_eq!(s.code(), c);
+            assert_eq!(matches!(s, WcStatus::Other(_)), c > 23, "{c}");
         }
+        assert_eq!(WcStatus::from_code(22), WcStatus::TmErr);
+        assert_eq!(WcStatus::from_code(24), WcStatus::Other(24));
+        assert_eq!(WcStatus::Other(24).to_string(), "status 24");
+    }
+
+    #[test]
+    fn opcode_codes_round_trip_and_unknown_ones_are_other() {
+        for c in (0..300).chain([u32::MAX]) {
+            let op = WcOpcode::from_code(c);
+            assert_eq!(op.code(), c);
+            let named = matches!(c, 0..=9 | 128..=134);
+            assert_eq!(!matches!(op, WcOpcode::Other(_)), named, "{c}");
+            assert_eq!(op.is_recv(), c & 0x80 != 0, "{c}");
+        }
+        assert_eq!(WcOpcode::from_code(129), WcOpcode::RecvRdmaWithImm);
+        // Driver-specific codes keep their number and their direction.
+        assert_eq!(WcOpcode::from_code(135), WcOpcode::Other(135));
+        assert!(WcOpcode::Other(135).is_recv());
+        assert!(!WcOpcode::Other(10).is_recv());
     }
 }

@@ -1,6 +1,5 @@
 //! The per-device event thread: completion-channel events (forwarded to the rdmx
-//! `ChannelInner` of the CQ that fired) and asynchronous events (queued for `pop_event`), plus
-//! the work-completion conversion.
+//! `ChannelInner` of the CQ that fired) and asynchronous events (queued for `pop_event`).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
@@ -14,7 +13,7 @@ use super::{Ptr, ffi};
 use crate::soft::driver::ChannelInner;
 use crate::soft::driver::sys::{EventFd, poll_readable};
 use crate::soft::engine::AsyncEvent;
-use crate::types::{Qpn, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::types::Qpn;
 
 /// How long the thread sleeps in `poll(2)` before it looks at the stop flag again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -157,129 +156,247 @@ fn drain_async_events(shared: &Shared, ctx: Ptr<ffi::ibv_context>) {
     }
 }
 
-/// Reads the element of a not-yet-acknowledged event (the object stays alive until the ack).
-fn map_async(ev: &ffi::ibv_async_event) -> Option<AsyncEvent> {
-    let t = ev.event_type;
-    let qpn = || {
-        // SAFETY: for QP events the union holds the QP pointer, alive until the event is
-        // acknowledged.
-        let qp = unsafe { ev.element.qp };
-        // SAFETY: checked non-null; see above.
-        (!qp.is_null()).then(|| Qpn(unsafe { (*qp).qp_num }))
-    };
-    let port = || {
-        // SAFETY: for port events the union holds the port number.
-        u8::try_from(unsafe { ev.element.port_num }).ok()
-    };
-    Some(match t {
-        ffi::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal(qpn()?),
-        ffi::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpRequestError(qpn()?),
-        ffi::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessError(qpn()?),
-        ffi::IBV_EVENT_COMM_EST => AsyncEvent::CommEstablished(qpn()?),
-        ffi::IBV_EVENT_SQ_DRAINED => AsyncEvent::SqDrained(qpn()?),
-        ffi::IBV_EVENT_PATH_MIG => AsyncEvent::PathMigrated(qpn()?),
-        ffi::IBV_EVENT_PATH_MIG_ERR => AsyncEvent::PathMigrationError(qpn()?),
-        ffi::IBV_EVENT_QP_LAST_WQE_REACHED => AsyncEvent::QpLastWqeReached(qpn()?),
-        ffi::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive(port()?),
-        ffi::IBV_EVENT_PORT_ERR => AsyncEvent::PortError(port()?),
-        ffi::IBV_EVENT_CQ_ERR => {
-            // SAFETY: for CQ events the union holds the CQ pointer, alive until the ack.
-            let cq = unsafe { ev.element.cq };
-            if cq.is_null() {
-                return None;
-            }
-            // SAFETY: checked non-null; `cq_context` holds the rdmx handle we stored.
-            let h = unsafe { (*cq).cq_context } as usize;
-            AsyncEvent::CqError(u32::try_from(h).ok()?)
-        }
-        ffi::IBV_EVENT_SRQ_LIMIT_REACHED => {
-            // SAFETY: for SRQ events the union holds the SRQ pointer, alive until the ack.
-            let srq = unsafe { ev.element.srq };
-            if srq.is_null() {
-                return None;
-            }
-            // SAFETY: checked non-null; `srq_context` holds the rdmx handle we stored.
-            let h = unsafe { (*srq).srq_context } as usize;
-            AsyncEvent::SrqLimitReached(u32::try_from(h).ok()?)
-        }
-        other => {
-            tracing::debug!(
-                event_type = other,
-                "ibverbs async event not mapped; skipped"
-            );
-            return None;
-        }
-    })
+/// Which member of `ibv_async_event::element` an event type fills (verbs.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Element {
+    Qp,
+    Cq,
+    Srq,
+    Port,
+    /// Nothing rdmx reads: device events, WQ events (rdmx creates no WQs) and event types
+    /// this code does not know, whose union member it must not guess.
+    None,
 }
 
-/// `struct ibv_wc` from verbs.h. ibverbs-sys declares its own copy with private fields, so
-/// we poll into this mirror; the layout is checked against theirs below.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RawWc {
-    wr_id: u64,
-    status: u32,
-    opcode: u32,
-    vendor_err: u32,
-    byte_len: u32,
-    /// `imm_data` (big-endian) or `invalidated_rkey`.
-    imm_data: u32,
-    qp_num: u32,
-    src_qp: u32,
-    wc_flags: u32,
-    pkey_index: u16,
-    slid: u16,
-    sl: u8,
-    dlid_path_bits: u8,
-}
-
-const _: () = assert!(size_of::<RawWc>() == size_of::<ffi::ibv_wc>());
-const _: () = assert!(align_of::<RawWc>() == align_of::<ffi::ibv_wc>());
-const _: () = assert!(size_of::<RawWc>() == 48);
-
-fn wc_opcode(op: u32) -> WcOpcode {
-    match op {
-        ffi::ibv_wc_opcode::IBV_WC_SEND => WcOpcode::Send,
-        ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
-        ffi::ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
-        ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP => WcOpcode::CompSwap,
-        ffi::ibv_wc_opcode::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
-        ffi::ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
-        ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
-        // WcOpcode has no catch-all variant: opcodes rdmx never posts (bind MW, local
-        // invalidate, TSO, flush, atomic write, tag matching, driver) fall back to the
-        // direction (receive-side codes have bit 7 set).
-        other => {
-            tracing::debug!(opcode = other, "unmapped ibv_wc opcode");
-            if other & 0x80 != 0 {
-                WcOpcode::Recv
-            } else {
-                WcOpcode::Send
-            }
-        }
+fn element_of(t: ffi::ibv_event_type) -> Element {
+    match t {
+        ffi::IBV_EVENT_QP_FATAL
+        | ffi::IBV_EVENT_QP_REQ_ERR
+        | ffi::IBV_EVENT_QP_ACCESS_ERR
+        | ffi::IBV_EVENT_COMM_EST
+        | ffi::IBV_EVENT_SQ_DRAINED
+        | ffi::IBV_EVENT_PATH_MIG
+        | ffi::IBV_EVENT_PATH_MIG_ERR
+        | ffi::IBV_EVENT_QP_LAST_WQE_REACHED => Element::Qp,
+        ffi::IBV_EVENT_CQ_ERR => Element::Cq,
+        ffi::IBV_EVENT_SRQ_ERR | ffi::IBV_EVENT_SRQ_LIMIT_REACHED => Element::Srq,
+        ffi::IBV_EVENT_PORT_ACTIVE
+        | ffi::IBV_EVENT_PORT_ERR
+        | ffi::IBV_EVENT_LID_CHANGE
+        | ffi::IBV_EVENT_PKEY_CHANGE
+        | ffi::IBV_EVENT_SM_CHANGE
+        | ffi::IBV_EVENT_CLIENT_REREGISTER
+        | ffi::IBV_EVENT_GID_CHANGE => Element::Port,
+        _ => Element::None,
     }
 }
 
-impl RawWc {
-    pub(super) fn to_wc(self) -> WorkCompletion {
-        let flags = WcFlags(self.wc_flags & 0xF);
-        WorkCompletion {
-            wr_id: self.wr_id,
-            status: WcStatus::from_code(self.status),
-            opcode: wc_opcode(self.opcode),
-            byte_len: self.byte_len,
-            // libibverbs keeps imm_data in network byte order; rdmx's `imm_data` is the
-            // big-endian wire word read as a number (as the soft provider delivers it).
-            imm_data: if flags.contains(WcFlags::WITH_IMM) {
-                u32::from_be(self.imm_data)
-            } else {
-                self.imm_data
-            },
-            qp_num: Qpn(self.qp_num),
-            src_qp: Qpn(self.src_qp),
-            wc_flags: flags,
-            vendor_err: self.vendor_err,
-            slid: self.slid,
+/// The rdmx event for event type `t`, given its element as read per [`element_of`]: a QP
+/// number, a CQ or SRQ handle, or a port number (`None` when there is none, or it could
+/// not be read). A known event whose element is missing gives `None` (there is nothing to
+/// report it on); an unknown type gives `AsyncEvent::Other(t)`.
+fn event_from(t: ffi::ibv_event_type, id: Option<u32>) -> Option<AsyncEvent> {
+    let qp = || id.map(Qpn);
+    let port = || id.and_then(|p| u8::try_from(p).ok());
+    Some(match t {
+        ffi::IBV_EVENT_CQ_ERR => AsyncEvent::CqError(id?),
+        ffi::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal(qp()?),
+        ffi::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpRequestError(qp()?),
+        ffi::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessError(qp()?),
+        ffi::IBV_EVENT_COMM_EST => AsyncEvent::CommEstablished(qp()?),
+        ffi::IBV_EVENT_SQ_DRAINED => AsyncEvent::SqDrained(qp()?),
+        ffi::IBV_EVENT_PATH_MIG => AsyncEvent::PathMigrated(qp()?),
+        ffi::IBV_EVENT_PATH_MIG_ERR => AsyncEvent::PathMigrationError(qp()?),
+        ffi::IBV_EVENT_DEVICE_FATAL => AsyncEvent::DeviceFatal,
+        ffi::IBV_EVENT_PORT_ACTIVE => AsyncEvent::PortActive(port()?),
+        ffi::IBV_EVENT_PORT_ERR => AsyncEvent::PortError(port()?),
+        ffi::IBV_EVENT_LID_CHANGE => AsyncEvent::LidChange(port()?),
+        ffi::IBV_EVENT_PKEY_CHANGE => AsyncEvent::PkeyChange(port()?),
+        ffi::IBV_EVENT_SM_CHANGE => AsyncEvent::SmChange(port()?),
+        ffi::IBV_EVENT_SRQ_ERR => AsyncEvent::SrqError(id?),
+        ffi::IBV_EVENT_SRQ_LIMIT_REACHED => AsyncEvent::SrqLimitReached(id?),
+        ffi::IBV_EVENT_QP_LAST_WQE_REACHED => AsyncEvent::QpLastWqeReached(qp()?),
+        ffi::IBV_EVENT_CLIENT_REREGISTER => AsyncEvent::ClientReregister(port()?),
+        ffi::IBV_EVENT_GID_CHANGE => AsyncEvent::GidChange(port()?),
+        other => AsyncEvent::Other(other),
+    })
+}
+
+/// Reads the element of a not-yet-acknowledged event (the object stays alive until the
+/// ack) and maps the event.
+fn map_async(ev: &ffi::ibv_async_event) -> Option<AsyncEvent> {
+    let t = ev.event_type;
+    let id = match element_of(t) {
+        Element::Qp => {
+            // SAFETY: for QP events the union holds the QP pointer, alive until the event
+            // is acknowledged.
+            let qp = unsafe { ev.element.qp };
+            // SAFETY: checked non-null; see above.
+            (!qp.is_null()).then(|| unsafe { (*qp).qp_num })
         }
+        Element::Cq => {
+            // SAFETY: for CQ events the union holds the CQ pointer, alive until the ack.
+            let cq = unsafe { ev.element.cq };
+            // SAFETY: checked non-null; `cq_context` holds the rdmx handle we stored.
+            let h = (!cq.is_null()).then(|| unsafe { (*cq).cq_context } as usize);
+            h.and_then(|h| u32::try_from(h).ok())
+        }
+        Element::Srq => {
+            // SAFETY: for SRQ events the union holds the SRQ pointer, alive until the ack.
+            let srq = unsafe { ev.element.srq };
+            // SAFETY: checked non-null; `srq_context` holds the rdmx handle we stored.
+            let h = (!srq.is_null()).then(|| unsafe { (*srq).srq_context } as usize);
+            h.and_then(|h| u32::try_from(h).ok())
+        }
+        Element::Port => {
+            // SAFETY: for port events the union holds the port number.
+            u32::try_from(unsafe { ev.element.port_num }).ok()
+        }
+        Element::None => None,
+    };
+    let e = event_from(t, id);
+    if e.is_none() {
+        tracing::debug!(
+            event_type = t,
+            "ibverbs async event without its object; skipped"
+        );
+    }
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every event type of verbs.h, with what it becomes for element 7.
+    const TABLE: [(ffi::ibv_event_type, Element, AsyncEvent); 20] = [
+        (ffi::IBV_EVENT_CQ_ERR, Element::Cq, AsyncEvent::CqError(7)),
+        (
+            ffi::IBV_EVENT_QP_FATAL,
+            Element::Qp,
+            AsyncEvent::QpFatal(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_QP_REQ_ERR,
+            Element::Qp,
+            AsyncEvent::QpRequestError(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_QP_ACCESS_ERR,
+            Element::Qp,
+            AsyncEvent::QpAccessError(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_COMM_EST,
+            Element::Qp,
+            AsyncEvent::CommEstablished(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_SQ_DRAINED,
+            Element::Qp,
+            AsyncEvent::SqDrained(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_PATH_MIG,
+            Element::Qp,
+            AsyncEvent::PathMigrated(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_PATH_MIG_ERR,
+            Element::Qp,
+            AsyncEvent::PathMigrationError(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_DEVICE_FATAL,
+            Element::None,
+            AsyncEvent::DeviceFatal,
+        ),
+        (
+            ffi::IBV_EVENT_PORT_ACTIVE,
+            Element::Port,
+            AsyncEvent::PortActive(7),
+        ),
+        (
+            ffi::IBV_EVENT_PORT_ERR,
+            Element::Port,
+            AsyncEvent::PortError(7),
+        ),
+        (
+            ffi::IBV_EVENT_LID_CHANGE,
+            Element::Port,
+            AsyncEvent::LidChange(7),
+        ),
+        (
+            ffi::IBV_EVENT_PKEY_CHANGE,
+            Element::Port,
+            AsyncEvent::PkeyChange(7),
+        ),
+        (
+            ffi::IBV_EVENT_SM_CHANGE,
+            Element::Port,
+            AsyncEvent::SmChange(7),
+        ),
+        (
+            ffi::IBV_EVENT_SRQ_ERR,
+            Element::Srq,
+            AsyncEvent::SrqError(7),
+        ),
+        (
+            ffi::IBV_EVENT_SRQ_LIMIT_REACHED,
+            Element::Srq,
+            AsyncEvent::SrqLimitReached(7),
+        ),
+        (
+            ffi::IBV_EVENT_QP_LAST_WQE_REACHED,
+            Element::Qp,
+            AsyncEvent::QpLastWqeReached(Qpn(7)),
+        ),
+        (
+            ffi::IBV_EVENT_CLIENT_REREGISTER,
+            Element::Port,
+            AsyncEvent::ClientReregister(7),
+        ),
+        (
+            ffi::IBV_EVENT_GID_CHANGE,
+            Element::Port,
+            AsyncEvent::GidChange(7),
+        ),
+        (
+            ffi::IBV_EVENT_WQ_FATAL,
+            Element::None,
+            AsyncEvent::Other(ffi::IBV_EVENT_WQ_FATAL),
+        ),
+    ];
+
+    #[test]
+    fn every_libibverbs_event_type_maps_to_a_value() {
+        for (t, element, want) in TABLE {
+            assert_eq!(element_of(t), element, "event type {t}");
+            let id = (element != Element::None).then_some(7);
+            assert_eq!(event_from(t, id), Some(want), "event type {t}");
+        }
+        // The table covers every type verbs.h defines (they are numbered from 0).
+        let mut types: Vec<_> = TABLE.iter().map(|(t, ..)| *t).collect();
+        types.sort_unstable();
+        assert_eq!(types, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn unknown_event_types_are_other_and_read_no_element() {
+        for t in [20, 21, 0x1000, u32::MAX] {
+            assert_eq!(element_of(t), Element::None);
+            assert_eq!(event_from(t, None), Some(AsyncEvent::Other(t)));
+        }
+    }
+
+    #[test]
+    fn a_known_event_without_its_object_is_skipped() {
+        for (t, element, _) in TABLE {
+            if element != Element::None {
+                assert_eq!(event_from(t, None), None, "event type {t}");
+            }
+        }
+        // A port number that does not fit a u8 is no port.
+        assert_eq!(event_from(ffi::IBV_EVENT_PORT_ACTIVE, Some(300)), None);
     }
 }

@@ -154,6 +154,24 @@ pub enum AsyncEvent {
     PortActive(u8),
     /// A port (1-based) failed.
     PortError(u8),
+    /// The device failed; every object on it is unusable (hardware only).
+    DeviceFatal,
+    /// An SRQ failed (hardware only).
+    SrqError(u32),
+    /// A port's LID changed (InfiniBand only).
+    LidChange(u8),
+    /// A port's P_Key table changed (hardware only).
+    PkeyChange(u8),
+    /// A port's subnet manager changed (InfiniBand only).
+    SmChange(u8),
+    /// The subnet manager asks a port's clients to register again (InfiniBand only).
+    ClientReregister(u8),
+    /// A port's GID table changed, e.g. an IP address came or went on RoCE (hardware
+    /// only).
+    GidChange(u8),
+    /// An event rdmx does not name, by its `ibv_event_type` number (for example
+    /// `IBV_EVENT_WQ_FATAL`: rdmx creates no work queues).
+    Other(u32),
 }
 
 /// What a queue pair is created with (`ibv_qp_init_attr`, by handle).
