@@ -375,8 +375,8 @@ impl IbvDevice {
             max_wr: attr.max_wr,
             max_sge: attr.max_sge,
             srq_limit: attr.srq_limit,
-            // libibverbs does not report how many WQEs are posted.
-            posted: 0,
+            // libibverbs cannot report how many WQEs are posted (see `SrqState::posted`).
+            posted: None,
         })
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use rdmx_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Context, Device, MemoryRegion, Mtu, ProtectionDomain,
-    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, WorkCompletion,
+    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, SharedReceiveQueue,
+    WorkCompletion,
 };
 
 /// What a peer needs to connect to a QP.
@@ -109,6 +110,16 @@ pub fn bring_up_ud(qp: &QueuePair, qkey: u32, sq_psn: u32) {
 /// Reports a test skipped for a missing capability, saying why.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test} on {}: {reason}", test_device());
+}
+
+/// Checks that `srq` holds `want` receive WQEs. The soft provider must report the number;
+/// libibverbs cannot (`SrqAttr::posted` is `None` there), so on hardware there is nothing
+/// to check.
+pub fn check_srq_posted(srq: &SharedReceiveQueue, want: u32) {
+    match srq.query().expect("query the SRQ").posted {
+        Some(n) => assert_eq!(n, want, "receive WQEs left in the SRQ"),
+        None => assert!(!on_soft(), "the soft provider reports its posted WQEs"),
+    }
 }
 
 pub struct Side {

@@ -226,7 +226,7 @@ fn ud_qps_on_an_srq() {
     let mut want: Vec<Qpn> = qps.iter().map(QueuePair::qp_num).collect();
     want.sort();
     assert_eq!(got, want);
-    assert_eq!(srq.query().unwrap().posted, 3);
+    common::check_srq_posted(&srq, 3);
 }
 
 /// A multicast group unique to this process and test.

@@ -223,7 +223,7 @@ fn check_target(t: &Target) {
                 vec![k as u8, round as u8, 0xC3]
             );
         }
-        assert_eq!(t.srqs[k].query().unwrap().posted, 12);
+        common::check_srq_posted(&t.srqs[k], 12);
     }
 }
 

@@ -152,7 +152,7 @@ fn eight_qps_share_one_srq_and_completions_name_the_qp() {
     assert!(events(&mut sim, 1).is_empty());
     // 13 left + 10 posted = 23; armed at 23, the next message leaves 22 < 23.
     post_srq(&mut sim, srq, &rmem, rkey, 100..110);
-    assert_eq!(sim.nics[1].query_srq(srq).unwrap().posted, 23);
+    assert_eq!(sim.nics[1].query_srq(srq).unwrap().posted, Some(23));
     sim.nics[1].modify_srq(srq, None, Some(23)).unwrap();
     let e = &senders[0];
     let s = [sge(e, 0, 3)];

@@ -37,8 +37,13 @@ pub struct SrqState {
     pub max_sge: u32,
     /// Armed limit (0 once the limit event fired, until re-armed).
     pub srq_limit: u32,
-    /// Receive WQEs currently posted.
-    pub posted: u32,
+    /// Receive WQEs currently posted and not yet taken by a message; `None` when the
+    /// provider cannot tell. libibverbs has no way to ask (`ibv_query_srq` reports only
+    /// `max_wr`, `max_sge` and the limit), and counting posts against polled completions
+    /// would be wrong: a WQE leaves the SRQ when the NIC takes it, not when its completion
+    /// is polled, and an XRC completion does not say which SRQ it came from. So the soft
+    /// provider reports `Some`, the libibverbs provider `None`.
+    pub posted: Option<u32>,
 }
 
 impl Nic {
@@ -179,7 +184,7 @@ impl Nic {
             max_wr: s.max_wr,
             max_sge: s.max_sge,
             srq_limit: s.limit,
-            posted: s.queue.len() as u32,
+            posted: Some(s.queue.len() as u32),
         })
     }
 }
