@@ -887,7 +887,10 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u32,
     /// Outstanding READ/atomic per QP as initiator.
     pub max_qp_init_rd_atom: u32,
-    /// Largest inline data.
+    /// Largest inline data a QP can be created with. 0 on libibverbs devices: verbs has no
+    /// device-wide value (`ibv_device_attr` and `ibv_device_attr_ex` lack the field, and
+    /// the limit depends on the QP type and its SGE counts), so ask for what you need in
+    /// `QpCap::max_inline_data` and read what the device granted from `QueuePair::query`.
     pub max_inline_data: u32,
     /// Physical ports.
     pub phys_port_cnt: u8,

@@ -299,6 +299,8 @@ impl Provider for IbvDevice {
             max_pd: nonneg(a.max_pd),
             max_qp_rd_atom: nonneg(a.max_qp_rd_atom),
             max_qp_init_rd_atom: nonneg(a.max_qp_init_rd_atom),
+            // libibverbs reports no device-wide inline limit (see `DeviceAttr`); a QP's own
+            // limit is what `ibv_create_qp` grants, reported by `query_qp`.
             max_inline_data: 0,
             phys_port_cnt: a.phys_port_cnt,
             atomic_glob: a.atomic_cap == ffi::IBV_ATOMIC_GLOB,

@@ -28,6 +28,23 @@ fn post_err(rc: i32, what: &'static str, depth: u32) -> PostError {
     }
 }
 
+/// Rejects an inline send (inline data, or the `INLINE` flag on SGEs) longer than `max`,
+/// the QP's limit as `ibv_create_qp` granted it. Checked here because providers report it
+/// as ENOMEM (mlx5, for one), which would read as a full queue.
+fn check_inline(w: &SendWr<'_>, max: u32) -> Result<(), PostError> {
+    if w.inline_data.is_none() && !w.send_flags.contains(SendFlags::INLINE) {
+        return Ok(());
+    }
+    let len = w.total_len();
+    if len > u64::from(max) {
+        return Err(PostError::InlineTooLong {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// The opcode and its operands in `wr`.
 fn set_opcode(wr: &mut ffi::ibv_send_wr, op: &WrOpcode) -> Result<(), PostError> {
     use ffi::ibv_wr_opcode as o;
@@ -106,6 +123,7 @@ impl IbvDevice {
         sges: &mut Vec<ffi::ibv_sge>,
     ) -> Result<(ffi::ibv_send_wr, usize), PostError> {
         let start = sges.len();
+        check_inline(w, e.cap.max_inline_data)?;
         match w.inline_data {
             Some(d) => {
                 let length = u32::try_from(d.len()).map_err(|_| PostError::InlineTooLong {
@@ -397,4 +415,43 @@ fn recv_wr(wr_id: u64, sges: &mut [ffi::ibv_sge], max: u32) -> Result<ffi::ibv_r
         },
         num_sge,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Lkey;
+
+    #[test]
+    fn inline_sends_longer_than_the_granted_limit_are_named() {
+        let data = [7u8; 65];
+        assert!(check_inline(&SendWr::send_inline(1, &data[..64]), 64).is_ok());
+        assert!(matches!(
+            check_inline(&SendWr::send_inline(1, &data), 64),
+            Err(PostError::InlineTooLong { len: 65, max: 64 })
+        ));
+        // A QP granted no inline space (0) takes no inline send at all.
+        assert!(matches!(
+            check_inline(&SendWr::send_inline(1, &data[..1]), 0),
+            Err(PostError::InlineTooLong { len: 1, max: 0 })
+        ));
+        // The INLINE flag on SGEs counts their total length; without it SGEs are not inline.
+        let sges = [
+            Sge {
+                addr: 0x1000,
+                length: 40,
+                lkey: Lkey(1),
+            },
+            Sge {
+                addr: 0x2000,
+                length: 40,
+                lkey: Lkey(1),
+            },
+        ];
+        assert!(check_inline(&SendWr::send(2, &sges), 64).is_ok());
+        assert!(matches!(
+            check_inline(&SendWr::send(2, &sges).flags(SendFlags::INLINE), 64),
+            Err(PostError::InlineTooLong { len: 80, max: 64 })
+        ));
+    }
 }

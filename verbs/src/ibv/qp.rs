@@ -19,7 +19,8 @@ fn raw_cap(c: &QpCap) -> ffi::ibv_qp_cap {
     }
 }
 
-fn cap_from(c: &ffi::ibv_qp_cap) -> QpCap {
+/// The capacities libibverbs reports (after `ibv_create_qp*` or from `ibv_query_qp`).
+pub(super) fn cap_from(c: &ffi::ibv_qp_cap) -> QpCap {
     QpCap {
         max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,

@@ -10,10 +10,11 @@
 
 use std::os::raw::{c_int, c_void};
 
+use super::qp::cap_from;
 use super::{IbvDevice, Ptr, QpEntry, ffi, last_err};
 use crate::error::VerbsError;
 use crate::soft::engine::QpConfig;
-use crate::types::{QpCap, QpType, Qpn};
+use crate::types::{QpType, Qpn};
 
 type CreateQpEx =
     unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp;
@@ -216,13 +217,9 @@ impl IbvDevice {
             qp: Ptr(qp),
             pd: cfg.pd,
             qp_type: QpType::XrcRecv,
-            cap: QpCap {
-                max_send_wr: 0,
-                max_recv_wr: 0,
-                max_send_sge: 0,
-                max_recv_sge: 0,
-                max_inline_data: 0,
-            },
+            // What the library wrote back into `init` (a target QP has no queues of its
+            // own, so all zeros on the providers we know of).
+            cap: cap_from(&init.cap),
         };
         self.t.lock().qps.insert(qpn, entry);
         Ok(Qpn(qpn))
