@@ -447,7 +447,8 @@ fn be_u32(buf: &[u8], range: Range<usize>) -> Option<u32> {
 /// Checks that the endpoint information a peer sent makes sense.
 ///
 /// The rules: `qpn`, `psn` and every SRQ number fit in 24 bits; `mtu` is 256, 512, 1024,
-/// 2048 or 4096; `credits` is between 1 and 65536; there are at most 4096 SRQ numbers; and
+/// 2048 or 4096; `credits` is at most 65536 (0 is allowed: a context whose receive queue is
+/// fully committed grants credits later, through the mailbox); there are at most 4096 SRQ numbers; and
 /// every path (primary and alternate) has a nonzero UDP port and a port number of at least 1.
 ///
 /// # Errors
@@ -467,9 +468,9 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
             info.mtu
         ));
     }
-    if !(1..=MAX_CREDITS).contains(&info.credits) {
+    if info.credits > MAX_CREDITS {
         return invalid(format!(
-            "credits {} outside 1..={MAX_CREDITS}",
+            "credits {} outside 0..={MAX_CREDITS}",
             info.credits
         ));
     }
@@ -1144,13 +1145,6 @@ mod tests {
             (
                 "credits",
                 EndpointInfo {
-                    credits: 0,
-                    ..rc_info()
-                },
-            ),
-            (
-                "credits",
-                EndpointInfo {
                     credits: MAX_CREDITS + 1,
                     ..rc_info()
                 },
@@ -1249,7 +1243,7 @@ mod tests {
                 proptest::collection::vec(0..=MAX_24BIT, 0..64),
             ),
             (
-                1..=MAX_CREDITS,
+                0..=MAX_CREDITS,
                 any::<u64>(),
                 any::<u32>(),
                 any::<u64>(),

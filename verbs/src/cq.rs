@@ -45,8 +45,19 @@ impl CompletionChannel {
     /// # Errors
     /// `Io` when `poll(2)` fails.
     pub fn wait(&self, timeout: Duration) -> Result<bool, VerbsError> {
+        self.wait_spin(timeout, spin_time())
+    }
+
+    /// [`wait`](Self::wait) with an explicit spin time. With `Duration::ZERO` the caller
+    /// sleeps at once and is not treated as a poller (it does not hand socket reception to
+    /// the engine thread early): for a background thread that must not compete with
+    /// busy-polling application threads.
+    ///
+    /// # Errors
+    /// `Io` when `poll(2)` fails.
+    pub fn wait_spin(&self, timeout: Duration, spin: Duration) -> Result<bool, VerbsError> {
         let start = driver::clock::monotonic();
-        let spin = spin_time().min(timeout);
+        let spin = spin.min(timeout);
         let dev = self.ctx.dev();
         loop {
             if self.take() {
@@ -57,7 +68,9 @@ impl CompletionChannel {
             }
             dev.progress();
         }
-        dev.release();
+        if !spin.is_zero() {
+            dev.release();
+        }
         loop {
             if self.take() {
                 return Ok(true);

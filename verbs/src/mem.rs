@@ -59,6 +59,12 @@ impl RegisteredMemory {
         self.ptr.as_ptr() as usize as u64
     }
 
+    /// A raw pointer to the first byte. Creating it is safe; dereferencing it is the caller's
+    /// business (see [`MemoryRegion::as_mut_ptr`](crate::MemoryRegion::as_mut_ptr)).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     fn byte(&self, i: usize) -> &AtomicU8 {
         debug_assert!(i < self.len);
         // SAFETY: callers check `i < self.len`; the pointer is inside our live allocation and

@@ -124,6 +124,16 @@ impl MemoryRegion {
         self.mem.addr()
     }
 
+    /// A raw pointer to the first byte, for code that builds `&[u8]` views of parts of the
+    /// region under its own synchronisation (a buffer pool). The NIC reads and writes the bytes
+    /// with atomic operations whenever the region is named by a posted work request or, with
+    /// remote access flags, by a peer; a plain access through this pointer must not overlap
+    /// in time with any such access to the same bytes. The pointer is valid while this region
+    /// lives.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.mem.as_mut_ptr()
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.mem.len()

@@ -1,0 +1,399 @@
+//! Configuration: every tunable of a context, from the builder, the environment or the
+//! defaults (in that order of precedence).
+//!
+//! | Builder method | Variable | Default |
+//! |---|---|---|
+//! | `device` | `RDMX_DEVICE` | `soft:127.0.0.1` |
+//! | `transport` | `RDMX_TRANSPORT` (`rc`, `xrc`) | `rc` |
+//! | `inline_threshold` | `RDMX_INLINE_THRESHOLD` | 188 bytes (capped by the device) |
+//! | `rndv_threshold` | `RDMX_RNDV_THRESHOLD` | 8192 bytes |
+//! | `credits` | `RDMX_CREDITS` | 32 per endpoint |
+//! | `srq_depth` | `RDMX_SRQ_DEPTH` | 1024 receive buffers |
+//! | `pool_max` | `RDMX_POOL_MAX` (`K`/`M`/`G` suffixes) | 512 MiB |
+//! | `max_message` | `RDMX_MAX_MESSAGE` | 64 MiB |
+//! | `busy_poll` | `RDMX_BUSY_POLL_US` | 50 µs |
+//! | `peer_timeout` | `RDMX_PEER_TIMEOUT_MS` | 2000 ms |
+//! | `connect_timeout` | `RDMX_CONNECT_TIMEOUT_MS` | 5000 ms |
+
+use std::time::Duration;
+
+use crate::bootstrap::TransportKind;
+use crate::error::{Error, Result};
+use crate::header::HEADER_LEN;
+
+/// The effective configuration of a context (see the module docs for the sources).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Device name (`soft:<ip>[,<ip>...]` or a hardware device such as `mlx5_0`). A soft
+    /// device with two addresses has two ports, which gives endpoints an alternate path.
+    pub device: String,
+    /// The transport endpoints use.
+    pub transport: TransportKind,
+    /// Messages up to this many payload bytes are sent inline (copied into the work request;
+    /// no buffer held). Capped by what the device supports.
+    pub inline_threshold: usize,
+    /// Messages of at least this many bytes use rendezvous (the receiver RDMA-reads them);
+    /// smaller ones are sent eagerly into the peer's receive buffers. Also sets the size of a
+    /// receive buffer (this plus the message header).
+    pub rndv_threshold: usize,
+    /// Receive credits each endpoint aims for (messages the peer may send before it must
+    /// wait for more).
+    pub credits: u32,
+    /// Receive buffers kept posted on the shared receive queue (shared by all endpoints).
+    pub srq_depth: u32,
+    /// The most registered memory the buffer pool may hold, in bytes.
+    pub pool_max: usize,
+    /// The largest message accepted, in bytes.
+    pub max_message: usize,
+    /// How long a blocking call polls before it sleeps.
+    pub busy_poll: Duration,
+    /// How long a silent, unreachable peer may take to be declared dead.
+    pub peer_timeout: Duration,
+    /// Deadline for connecting (TCP exchange plus queue pair set-up).
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            device: "soft:127.0.0.1".to_string(),
+            transport: TransportKind::Rc,
+            inline_threshold: 188,
+            rndv_threshold: 8192,
+            credits: 32,
+            srq_depth: 1024,
+            pool_max: 512 << 20,
+            max_message: 64 << 20,
+            busy_poll: Duration::from_micros(50),
+            peer_timeout: Duration::from_millis(2000),
+            connect_timeout: Duration::from_millis(5000),
+        }
+    }
+}
+
+impl Config {
+    /// The configuration from the environment and the defaults.
+    ///
+    /// # Errors
+    /// `Config` when a variable is set to something unusable.
+    pub fn from_env() -> Result<Self> {
+        ConfigBuilder::default().resolve()
+    }
+
+    /// The size of one receive buffer: the eager limit plus the header.
+    pub fn recv_buf_size(&self) -> usize {
+        self.rndv_threshold + HEADER_LEN
+    }
+
+    /// Checks that the values fit together.
+    ///
+    /// # Errors
+    /// `Config` naming the offending value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.credits == 0 || self.credits > 65_536 {
+            return bad(format!("credits = {} (must be 1..=65536)", self.credits));
+        }
+        if self.srq_depth < 2 || self.srq_depth > 1 << 20 {
+            return bad(format!(
+                "srq_depth = {} (must be 2..=1048576)",
+                self.srq_depth
+            ));
+        }
+        if self.rndv_threshold < 64 || self.rndv_threshold > 1 << 20 {
+            return bad(format!(
+                "rndv_threshold = {} (must be 64..=1048576)",
+                self.rndv_threshold
+            ));
+        }
+        if self.inline_threshold > 4096 {
+            return bad(format!(
+                "inline_threshold = {} (must be at most 4096)",
+                self.inline_threshold
+            ));
+        }
+        if self.max_message == 0 || self.max_message > u32::MAX as usize {
+            return bad(format!(
+                "max_message = {} (must be 1..=4294967295)",
+                self.max_message
+            ));
+        }
+        let recv = self.recv_buf_size() as u64 * u64::from(self.srq_depth);
+        if recv > self.pool_max as u64 / 2 {
+            return bad(format!(
+                "pool_max = {} cannot hold srq_depth ({}) receive buffers of {} bytes with room \
+                 to spare (needs at least twice {recv})",
+                self.pool_max,
+                self.srq_depth,
+                self.recv_buf_size()
+            ));
+        }
+        if self.peer_timeout < Duration::from_millis(10) {
+            return bad(format!(
+                "peer_timeout = {:?} (at least 10 ms)",
+                self.peer_timeout
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Builds a [`Config`]: values set here win over `RDMX_*` variables, which win over the
+/// defaults.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct ConfigBuilder {
+    device: Option<String>,
+    transport: Option<TransportKind>,
+    inline_threshold: Option<usize>,
+    rndv_threshold: Option<usize>,
+    credits: Option<u32>,
+    srq_depth: Option<u32>,
+    pool_max: Option<usize>,
+    max_message: Option<usize>,
+    busy_poll: Option<Duration>,
+    peer_timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, v: $ty) -> Self {
+            self.$name = Some(v);
+            self
+        }
+    };
+}
+
+impl ConfigBuilder {
+    /// Sets the device (`RDMX_DEVICE`).
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+    setter!(
+        /// Sets the transport (`RDMX_TRANSPORT`).
+        transport: TransportKind
+    );
+    setter!(
+        /// Sets the inline threshold in bytes (`RDMX_INLINE_THRESHOLD`).
+        inline_threshold: usize
+    );
+    setter!(
+        /// Sets the eager/rendezvous threshold in bytes (`RDMX_RNDV_THRESHOLD`).
+        rndv_threshold: usize
+    );
+    setter!(
+        /// Sets the credits per endpoint (`RDMX_CREDITS`).
+        credits: u32
+    );
+    setter!(
+        /// Sets the number of receive buffers on the shared receive queue (`RDMX_SRQ_DEPTH`).
+        srq_depth: u32
+    );
+    setter!(
+        /// Sets the buffer pool's cap in bytes (`RDMX_POOL_MAX`).
+        pool_max: usize
+    );
+    setter!(
+        /// Sets the largest accepted message (`RDMX_MAX_MESSAGE`).
+        max_message: usize
+    );
+    setter!(
+        /// Sets how long blocking calls poll before sleeping (`RDMX_BUSY_POLL_US`).
+        busy_poll: Duration
+    );
+    setter!(
+        /// Sets how fast an unreachable peer is declared dead (`RDMX_PEER_TIMEOUT_MS`).
+        peer_timeout: Duration
+    );
+    setter!(
+        /// Sets the connect deadline (`RDMX_CONNECT_TIMEOUT_MS`).
+        connect_timeout: Duration
+    );
+
+    /// Resolves builder values, then the environment, then the defaults, and validates.
+    ///
+    /// # Errors
+    /// `Config` for an unparsable variable or values that do not fit together.
+    pub fn resolve(self) -> Result<Config> {
+        self.resolve_with(|k| std::env::var(k).ok())
+    }
+
+    /// [`resolve`](Self::resolve) with a custom environment (for tests).
+    ///
+    /// # Errors
+    /// As `resolve`.
+    pub fn resolve_with(self, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let d = Config::default();
+        let num = |key: &str| -> Result<Option<u64>> {
+            match env(key) {
+                None => Ok(None),
+                Some(v) => parse_size(&v)
+                    .map(Some)
+                    .ok_or_else(|| Error::Config(format!("{key}={v:?} is not a number"))),
+            }
+        };
+        let usize_of = |key: &str| -> Result<Option<usize>> {
+            num(key)?
+                .map(|v| usize::try_from(v).map_err(|_| Error::Config(format!("{key} too large"))))
+                .transpose()
+        };
+        let u32_of = |key: &str| -> Result<Option<u32>> {
+            num(key)?
+                .map(|v| u32::try_from(v).map_err(|_| Error::Config(format!("{key} too large"))))
+                .transpose()
+        };
+        let transport = match (self.transport, env("RDMX_TRANSPORT")) {
+            (Some(t), _) => t,
+            (None, Some(v)) => match v.to_ascii_lowercase().as_str() {
+                "rc" => TransportKind::Rc,
+                "xrc" => TransportKind::Xrc,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "RDMX_TRANSPORT={v:?} (expected rc or xrc)"
+                    )));
+                }
+            },
+            (None, None) => d.transport,
+        };
+        let cfg = Config {
+            device: self
+                .device
+                .or_else(|| env("RDMX_DEVICE"))
+                .unwrap_or(d.device),
+            transport,
+            inline_threshold: pick(
+                self.inline_threshold,
+                usize_of("RDMX_INLINE_THRESHOLD")?,
+                d.inline_threshold,
+            ),
+            rndv_threshold: pick(
+                self.rndv_threshold,
+                usize_of("RDMX_RNDV_THRESHOLD")?,
+                d.rndv_threshold,
+            ),
+            credits: pick(self.credits, u32_of("RDMX_CREDITS")?, d.credits),
+            srq_depth: pick(self.srq_depth, u32_of("RDMX_SRQ_DEPTH")?, d.srq_depth),
+            pool_max: pick(self.pool_max, usize_of("RDMX_POOL_MAX")?, d.pool_max),
+            max_message: pick(
+                self.max_message,
+                usize_of("RDMX_MAX_MESSAGE")?,
+                d.max_message,
+            ),
+            busy_poll: pick(
+                self.busy_poll,
+                num("RDMX_BUSY_POLL_US")?.map(Duration::from_micros),
+                d.busy_poll,
+            ),
+            peer_timeout: pick(
+                self.peer_timeout,
+                num("RDMX_PEER_TIMEOUT_MS")?.map(Duration::from_millis),
+                d.peer_timeout,
+            ),
+            connect_timeout: pick(
+                self.connect_timeout,
+                num("RDMX_CONNECT_TIMEOUT_MS")?.map(Duration::from_millis),
+                d.connect_timeout,
+            ),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn pick<T>(builder: Option<T>, env: Option<T>, default: T) -> T {
+    builder.or(env).unwrap_or(default)
+}
+
+/// Parses `123`, `64K`, `8M`, `1G` (binary multiples, case-insensitive, optional `iB`/`B`).
+fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| t.strip_suffix(['B', 'b']))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last()? {
+        'k' | 'K' => (&t[..t.len() - 1], 10),
+        'm' | 'M' => (&t[..t.len() - 1], 20),
+        'g' | 'G' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let v: u64 = digits.trim().parse().ok()?;
+    v.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_string())
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = ConfigBuilder::default().resolve_with(|_| None).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn builder_beats_env_beats_default() {
+        let env = env_of(&[
+            ("RDMX_CREDITS", "8"),
+            ("RDMX_SRQ_DEPTH", "256"),
+            ("RDMX_POOL_MAX", "64M"),
+            ("RDMX_TRANSPORT", "XRC"),
+            ("RDMX_BUSY_POLL_US", "0"),
+        ]);
+        let c = ConfigBuilder::default()
+            .credits(4)
+            .resolve_with(env)
+            .unwrap();
+        assert_eq!(c.credits, 4);
+        assert_eq!(c.srq_depth, 256);
+        assert_eq!(c.pool_max, 64 << 20);
+        assert_eq!(c.transport, TransportKind::Xrc);
+        assert_eq!(c.busy_poll, Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = ConfigBuilder::default()
+            .resolve_with(env_of(&[("RDMX_CREDITS", "lots")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("RDMX_CREDITS"), "{e}");
+        let e = ConfigBuilder::default()
+            .resolve_with(env_of(&[("RDMX_TRANSPORT", "tcp")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("RDMX_TRANSPORT"), "{e}");
+        let e = ConfigBuilder::default()
+            .credits(0)
+            .resolve_with(|_| None)
+            .unwrap_err();
+        assert!(e.to_string().contains("credits"), "{e}");
+        let e = ConfigBuilder::default()
+            .pool_max(1 << 20)
+            .resolve_with(|_| None)
+            .unwrap_err();
+        assert!(e.to_string().contains("pool_max"), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size("8MiB"), Some(8 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+}

@@ -1,0 +1,258 @@
+//! The message header: 16 bytes in front of every message an endpoint sends with a SEND.
+//!
+//! ```text
+//!  0      1      2             4                8                12               16
+//!  +------+------+-------------+----------------+----------------+----------------+
+//!  | kind | 0    | 0           | credit grant   | rendezvous done| length         |
+//!  +------+------+-------------+----------------+----------------+----------------+
+//! ```
+//!
+//! All fields are big-endian. `credit grant` and `rendezvous done` are cumulative counters
+//! (mod 2^32) piggybacked on every message, the same values a peer otherwise writes into
+//! the sender's [`Mailbox`] slot with an RDMA WRITE. A rendezvous request (`Rts`) carries
+//! 16 more bytes: the address (u64) and remote key (u32) of the sender's registered buffer,
+//! then 4 reserved bytes.
+//!
+//! Parsing never panics: every length and value is checked, and anything unexpected is a
+//! [`HeaderError`].
+
+/// Length of the fixed header.
+pub const HEADER_LEN: usize = 16;
+/// Length of a rendezvous request (header plus buffer descriptor).
+pub const RTS_LEN: usize = HEADER_LEN + 16;
+/// Length of a mailbox slot (one aligned 64-bit word: credit grant low, rendezvous done high).
+pub const MAILBOX_LEN: usize = 8;
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An eager message: the payload follows the header.
+    Data = 1,
+    /// A rendezvous request: read `len` bytes from the buffer described after the header.
+    Rts = 2,
+    /// The sender closes the endpoint; nothing follows it.
+    Close = 3,
+}
+
+/// Why a header was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// Fewer bytes than a header.
+    #[error("message of {0} bytes is shorter than its header")]
+    Short(usize),
+    /// An unknown kind byte.
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    /// The announced length does not match the bytes received.
+    #[error("header announces {announced} payload bytes, {actual} arrived")]
+    Length {
+        /// Announced payload length.
+        announced: u32,
+        /// Bytes after the header.
+        actual: usize,
+    },
+}
+
+/// A parsed header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The message kind.
+    pub kind: Kind,
+    /// Cumulative receive credits the sender grants the receiver.
+    pub grant: u32,
+    /// Cumulative count of the receiver's rendezvous buffers the sender has finished reading.
+    pub rndv_done: u32,
+    /// Payload length (`Data`) or rendezvous length (`Rts`).
+    pub len: u32,
+}
+
+/// The buffer a rendezvous request points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtsInfo {
+    /// Address of the sender's buffer.
+    pub addr: u64,
+    /// Its remote key.
+    pub rkey: u32,
+}
+
+impl Header {
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `out` (which must be at
+    /// least that long; shorter buffers are left untouched and `false` is returned).
+    pub fn write(&self, out: &mut [u8]) -> bool {
+        let Some(h) = out.get_mut(..HEADER_LEN) else {
+            return false;
+        };
+        h[0] = self.kind as u8;
+        h[1] = 0;
+        h[2..4].copy_from_slice(&[0, 0]);
+        h[4..8].copy_from_slice(&self.grant.to_be_bytes());
+        h[8..12].copy_from_slice(&self.rndv_done.to_be_bytes());
+        h[12..16].copy_from_slice(&self.len.to_be_bytes());
+        true
+    }
+
+    /// The header as bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        self.write(&mut b);
+        b
+    }
+
+    /// Parses the header of a received message of `msg.len()` bytes and checks the length
+    /// against what arrived.
+    ///
+    /// # Errors
+    /// A [`HeaderError`] for short messages, unknown kinds and length mismatches.
+    pub fn parse(msg: &[u8]) -> Result<Self, HeaderError> {
+        let h = msg.get(..HEADER_LEN).ok_or(HeaderError::Short(msg.len()))?;
+        let u32_at = |o: usize| u32::from_be_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let kind = match h[0] {
+            1 => Kind::Data,
+            2 => Kind::Rts,
+            3 => Kind::Close,
+            k => return Err(HeaderError::Kind(k)),
+        };
+        let hdr = Self {
+            kind,
+            grant: u32_at(4),
+            rndv_done: u32_at(8),
+            len: u32_at(12),
+        };
+        let actual = msg.len() - HEADER_LEN;
+        let ok = match kind {
+            Kind::Data => actual as u64 == u64::from(hdr.len),
+            Kind::Rts => actual == RTS_LEN - HEADER_LEN,
+            Kind::Close => actual == 0,
+        };
+        if !ok {
+            return Err(HeaderError::Length {
+                announced: hdr.len,
+                actual,
+            });
+        }
+        Ok(hdr)
+    }
+}
+
+impl RtsInfo {
+    /// Writes the descriptor after the header (`out` must be at least [`RTS_LEN`] long).
+    pub fn write(&self, out: &mut [u8]) -> bool {
+        let Some(d) = out.get_mut(HEADER_LEN..RTS_LEN) else {
+            return false;
+        };
+        d[..8].copy_from_slice(&self.addr.to_be_bytes());
+        d[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        d[12..16].copy_from_slice(&[0; 4]);
+        true
+    }
+
+    /// Reads the descriptor of a rendezvous request already accepted by [`Header::parse`].
+    pub fn parse(msg: &[u8]) -> Option<Self> {
+        let d = msg.get(HEADER_LEN..RTS_LEN)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&d[..8]);
+        Some(Self {
+            addr: u64::from_be_bytes(a),
+            rkey: u32::from_be_bytes([d[8], d[9], d[10], d[11]]),
+        })
+    }
+}
+
+/// The contents of a mailbox slot: the two cumulative counters a peer writes with an RDMA
+/// WRITE when it has no message to piggyback them on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Mailbox {
+    /// Cumulative credits granted.
+    pub grant: u32,
+    /// Cumulative rendezvous reads finished.
+    pub rndv_done: u32,
+}
+
+impl Mailbox {
+    /// The slot as one 64-bit word (written and read atomically).
+    pub fn to_word(self) -> u64 {
+        u64::from(self.grant) | (u64::from(self.rndv_done) << 32)
+    }
+
+    /// The slot from its word.
+    pub fn from_word(w: u64) -> Self {
+        Self {
+            grant: w as u32,
+            rndv_done: (w >> 32) as u32,
+        }
+    }
+}
+
+/// True when cumulative counter `a` is ahead of `b` (mod 2^32, within half the space).
+pub fn seq_after(a: u32, b: u32) -> bool {
+    a != b && a.wrapping_sub(b) < 1 << 31
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trip() {
+        let h = Header {
+            kind: Kind::Data,
+            grant: 7,
+            rndv_done: u32::MAX,
+            len: 3,
+        };
+        let mut msg = h.to_bytes().to_vec();
+        msg.extend_from_slice(b"abc");
+        assert_eq!(Header::parse(&msg), Ok(h));
+        assert_eq!(
+            Header::parse(&msg[..18]),
+            Err(HeaderError::Length {
+                announced: 3,
+                actual: 2
+            })
+        );
+        let mut rts = [0u8; RTS_LEN];
+        let r = Header {
+            kind: Kind::Rts,
+            len: 1 << 20,
+            ..h
+        };
+        r.write(&mut rts);
+        let info = RtsInfo {
+            addr: 0xdead_beef_0000,
+            rkey: 42,
+        };
+        info.write(&mut rts);
+        assert_eq!(Header::parse(&rts), Ok(r));
+        assert_eq!(RtsInfo::parse(&rts), Some(info));
+        assert_eq!(Header::parse(&[1, 2]), Err(HeaderError::Short(2)));
+        let mut bad = h.to_bytes();
+        bad[0] = 9;
+        assert_eq!(Header::parse(&bad), Err(HeaderError::Kind(9)));
+    }
+
+    #[test]
+    fn mailbox_word() {
+        let m = Mailbox {
+            grant: 0x1234_5678,
+            rndv_done: 0x9abc_def0,
+        };
+        assert_eq!(Mailbox::from_word(m.to_word()), m);
+        assert!(seq_after(1, 0));
+        assert!(seq_after(0, u32::MAX));
+        assert!(!seq_after(5, 5));
+        assert!(!seq_after(0, 1));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(h) = Header::parse(&bytes) {
+                prop_assert!(bytes.len() >= HEADER_LEN);
+                if h.kind == Kind::Rts {
+                    prop_assert!(RtsInfo::parse(&bytes).is_some());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! # rdmx-core
+//!
+//! The transport-independent parts of the rdmx middleware:
+//!
+//! * [`config`]: every tunable, with builder methods and `RDMX_*` environment variables;
+//! * [`pool`]: the registered buffer pool ([`Buf`]) carved into size classes;
+//! * [`header`]: the message header that precedes every eager message on the wire;
+//! * [`credit`]: receive-credit accounting shared by all endpoints of a context;
+//! * [`bootstrap`]: the TCP side channel on which endpoints exchange their addresses;
+//! * [`Event`] and [`Error`]: what the application is told.
+//!
+//! The RC/XRC endpoints that use these pieces live in `rdmx-rc`; the `rdmx` facade re-exports
+//! both.
+#![deny(unsafe_code)]
+
+pub mod bootstrap;
+pub mod config;
+pub mod credit;
+mod error;
+mod event;
+pub mod header;
+pub mod pool;
+
+pub use config::{Config, ConfigBuilder};
+pub use error::{Error, Result};
+pub use event::{DisconnectCause, Event};
+pub use pool::{Buf, BufferPool, PoolStats};

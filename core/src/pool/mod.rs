@@ -1,0 +1,427 @@
+//! The registered buffer pool.
+//!
+//! Large registered chunks are carved into power-of-two size classes (256 B to 4 MiB, plus
+//! the receive-buffer size), so sending never registers memory on the fast path. A [`Buf`]
+//! is an owned handle to one slot: it dereferences to its bytes, knows its keys, and returns
+//! to its class's free list when dropped. The pool grows chunk by chunk up to its cap
+//! (`Config::pool_max`); past that, [`BufferPool::try_alloc`] says `WouldBlock` and callers
+//! wait for a buffer to come back — back-pressure instead of unbounded memory. Buffers
+//! larger than the biggest class get a dedicated registration (counted against the cap).
+//!
+//! The byte views live in the audited module `raw`.
+
+mod raw;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use rdmx_verbs::{AccessFlags, Lkey, ProtectionDomain, Rkey, Sge};
+
+use crate::error::{Error, Result};
+use raw::Chunk;
+
+/// Smallest size class.
+pub const MIN_CLASS: usize = 256;
+/// Largest size class; bigger buffers are registered one by one.
+pub const MAX_CLASS: usize = 4 << 20;
+/// Target size of a chunk of small slots.
+const CHUNK_TARGET: usize = 2 << 20;
+/// At most this many slots per chunk.
+const MAX_SLOTS: usize = 64;
+
+/// How a pool is sized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Most registered bytes the pool may hold.
+    pub max_bytes: usize,
+    /// Classes (and dedicated buffers) at least this large are registered with
+    /// `REMOTE_READ` (rendezvous sources).
+    pub remote_read_min: usize,
+    /// An extra size class (the receive-buffer size), if any.
+    pub extra_class: Option<usize>,
+}
+
+/// Counters of a pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Registered bytes (all chunks).
+    pub registered_bytes: usize,
+    /// Bytes in slots currently handed out.
+    pub in_use_bytes: usize,
+    /// Registered chunks.
+    pub chunks: usize,
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Allocations refused because the pool was at its cap.
+    pub exhausted: u64,
+}
+
+#[derive(Debug)]
+struct Class {
+    size: usize,
+    free: Vec<(Arc<Chunk>, usize)>,
+}
+
+#[derive(Debug)]
+struct State {
+    classes: Vec<Class>,
+    stats: PoolStats,
+}
+
+struct Shared {
+    pd: ProtectionDomain,
+    cfg: PoolConfig,
+    state: Mutex<State>,
+    released: AtomicU64,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.state.lock().stats)
+            .finish()
+    }
+}
+
+/// A pool of registered buffers (cheap to clone; clones share the pool).
+#[derive(Debug, Clone)]
+pub struct BufferPool {
+    shared: Arc<Shared>,
+}
+
+/// An owned buffer from a [`BufferPool`]: dereferences to its first [`len`](Self::len)
+/// bytes, knows its memory keys, and goes back to the pool when dropped.
+pub struct Buf {
+    chunk: Arc<Chunk>,
+    offset: usize,
+    cap: usize,
+    len: usize,
+    /// Index of the size class, or `None` for a dedicated registration.
+    class: Option<usize>,
+    pool: Arc<Shared>,
+}
+
+impl fmt::Debug for Buf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buf")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl BufferPool {
+    /// A pool registering its chunks in `pd`.
+    pub fn new(pd: &ProtectionDomain, cfg: PoolConfig) -> Self {
+        let mut sizes: Vec<usize> =
+            std::iter::successors(Some(MIN_CLASS), |s| (*s < MAX_CLASS).then_some(s * 2)).collect();
+        if let Some(x) = cfg.extra_class
+            && x > 0
+            && x <= MAX_CLASS
+            && !sizes.contains(&x)
+        {
+            sizes.push(x);
+            sizes.sort_unstable();
+        }
+        let classes = sizes
+            .into_iter()
+            .map(|size| Class {
+                size,
+                free: Vec::new(),
+            })
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                pd: pd.clone(),
+                cfg,
+                state: Mutex::new(State {
+                    classes,
+                    stats: PoolStats::default(),
+                }),
+                released: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.cfg
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PoolStats {
+        self.shared.state.lock().stats
+    }
+
+    /// How many buffers have been returned so far (callers waiting for space watch it).
+    pub fn released(&self) -> u64 {
+        self.shared.released.load(Ordering::Acquire)
+    }
+
+    /// A buffer of `len` bytes (its contents are whatever the slot held before), without
+    /// waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when the pool is at its cap and no slot of the class is free;
+    /// `PoolCapacity` when `len` exceeds the cap itself; `Verbs` when registration fails.
+    pub fn try_alloc(&self, len: usize) -> Result<Buf> {
+        let sh = &self.shared;
+        if len > sh.cfg.max_bytes {
+            return Err(Error::PoolCapacity(len));
+        }
+        let mut st = sh.state.lock();
+        let Some(ci) = st.classes.iter().position(|c| c.size >= len) else {
+            return self.alloc_dedicated(st, len);
+        };
+        let size = st.classes[ci].size;
+        if st.classes[ci].free.is_empty() {
+            let slots = (CHUNK_TARGET / size).clamp(1, MAX_SLOTS);
+            let bytes = size * slots;
+            if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+                st.stats.exhausted += 1;
+                return Err(Error::WouldBlock);
+            }
+            let chunk = Arc::new(Chunk::new(&sh.pd, bytes, self.access_for(size))?);
+            st.stats.registered_bytes += bytes;
+            st.stats.chunks += 1;
+            let free = &mut st.classes[ci].free;
+            free.extend((0..slots).rev().map(|i| (chunk.clone(), i * size)));
+        }
+        let Some((chunk, offset)) = st.classes[ci].free.pop() else {
+            return Err(Error::WouldBlock);
+        };
+        st.stats.allocs += 1;
+        st.stats.in_use_bytes += size;
+        drop(st);
+        Ok(Buf {
+            chunk,
+            offset,
+            cap: size,
+            len,
+            class: Some(ci),
+            pool: sh.clone(),
+        })
+    }
+
+    /// A buffer holding a copy of `data`.
+    ///
+    /// # Errors
+    /// As [`try_alloc`](Self::try_alloc).
+    pub fn try_alloc_from(&self, data: &[u8]) -> Result<Buf> {
+        let mut b = self.try_alloc(data.len())?;
+        b.copy_from_slice(data);
+        Ok(b)
+    }
+
+    fn access_for(&self, size: usize) -> AccessFlags {
+        if size >= self.shared.cfg.remote_read_min {
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ
+        } else {
+            AccessFlags::LOCAL_WRITE
+        }
+    }
+
+    fn alloc_dedicated(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        len: usize,
+    ) -> Result<Buf> {
+        let sh = &self.shared;
+        let bytes = len.next_multiple_of(4096);
+        if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+            st.stats.exhausted += 1;
+            return Err(Error::WouldBlock);
+        }
+        // Count it before registering so concurrent callers cannot overshoot the cap.
+        st.stats.registered_bytes += bytes;
+        st.stats.in_use_bytes += bytes;
+        st.stats.chunks += 1;
+        drop(st);
+        match Chunk::new(&sh.pd, bytes, self.access_for(bytes)) {
+            Ok(c) => {
+                sh.state.lock().stats.allocs += 1;
+                Ok(Buf {
+                    chunk: Arc::new(c),
+                    offset: 0,
+                    cap: bytes,
+                    len,
+                    class: None,
+                    pool: sh.clone(),
+                })
+            }
+            Err(e) => {
+                let mut st = sh.state.lock();
+                st.stats.registered_bytes -= bytes;
+                st.stats.in_use_bytes -= bytes;
+                st.stats.chunks -= 1;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Buf {
+    /// Bytes in use (what `Deref` shows).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when `len() == 0`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slot's size: the most `len` can grow to.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Sets the length (the bytes between the old and new length keep whatever the slot
+    /// held).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `len` exceeds the capacity.
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        if len > self.cap {
+            return Err(Error::InvalidArgument(format!(
+                "length {len} exceeds the buffer's capacity {}",
+                self.cap
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.chunk.mr.addr() + self.offset as u64
+    }
+
+    /// Local key of the memory region holding the buffer.
+    pub fn lkey(&self) -> Lkey {
+        self.chunk.mr.lkey()
+    }
+
+    /// Remote key of the memory region (meaningful for buffers registered with remote read).
+    pub fn rkey(&self) -> Rkey {
+        self.chunk.mr.rkey()
+    }
+
+    /// An SGE for `len` bytes starting `off` bytes into the buffer (clamped to the capacity).
+    pub fn sge_at(&self, off: usize, len: usize) -> Sge {
+        let off = off.min(self.cap);
+        let len = len.min(self.cap - off);
+        self.chunk.mr.sge(self.offset + off, len)
+    }
+
+    /// An SGE for the first `len()` bytes.
+    pub fn sge(&self) -> Sge {
+        self.sge_at(0, self.len)
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let sh = &self.pool;
+        let mut st = sh.state.lock();
+        st.stats.in_use_bytes = st.stats.in_use_bytes.saturating_sub(self.cap);
+        match self.class {
+            Some(ci) => {
+                if let Some(c) = st.classes.get_mut(ci) {
+                    c.free.push((self.chunk.clone(), self.offset));
+                }
+            }
+            None => {
+                st.stats.registered_bytes = st.stats.registered_bytes.saturating_sub(self.cap);
+                st.stats.chunks = st.stats.chunks.saturating_sub(1);
+            }
+        }
+        drop(st);
+        sh.released.fetch_add(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmx_verbs::Device;
+
+    fn pool(max: usize) -> BufferPool {
+        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        BufferPool::new(
+            &pd,
+            PoolConfig {
+                max_bytes: max,
+                remote_read_min: 8192,
+                extra_class: Some(8192 + 16),
+            },
+        )
+    }
+
+    #[test]
+    fn classes_and_reuse() {
+        let p = pool(64 << 20);
+        let mut a = p.try_alloc(100).unwrap();
+        assert_eq!(a.capacity(), 256);
+        assert_eq!(a.len(), 100);
+        a.fill(7);
+        let addr = a.addr();
+        drop(a);
+        let b = p.try_alloc(200).unwrap();
+        assert_eq!(b.addr(), addr, "a freed slot is reused first");
+        assert!(b.iter().all(|&x| x == 7));
+        let r = p.try_alloc(8200).unwrap();
+        assert_eq!(r.capacity(), 8208, "the receive class");
+        let big = p.try_alloc_from(&vec![3u8; 5 << 20]).unwrap();
+        assert_eq!(big.capacity(), 5 << 20);
+        assert_eq!(big[5 << 19], 3);
+        let s = p.stats();
+        assert_eq!(s.allocs, 4);
+        drop((b, r, big));
+        assert_eq!(p.stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn slots_do_not_overlap() {
+        let p = pool(64 << 20);
+        let mut bufs: Vec<Buf> = (0..200).map(|_| p.try_alloc(1000).unwrap()).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.fill(i as u8);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.iter().all(|&x| x == i as u8), "slot {i} was overwritten");
+        }
+    }
+
+    #[test]
+    fn cap_gives_back_pressure() {
+        let p = pool(4 << 20);
+        let mut held = Vec::new();
+        let err = loop {
+            match p.try_alloc(64 << 10) {
+                Ok(b) => held.push(b),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 1000, "the cap was not enforced");
+        };
+        assert!(matches!(err, Error::WouldBlock), "{err}");
+        assert!(p.stats().registered_bytes <= 4 << 20);
+        assert!(p.stats().exhausted >= 1);
+        let before = p.released();
+        held.pop();
+        assert_eq!(p.released(), before + 1);
+        assert!(
+            p.try_alloc(64 << 10).is_ok(),
+            "a returned slot is usable again"
+        );
+        assert!(matches!(p.try_alloc(8 << 20), Err(Error::PoolCapacity(_))));
+        let mut b = p.try_alloc(10).unwrap();
+        assert!(b.set_len(300).is_err());
+        assert!(b.set_len(256).is_ok());
+    }
+}

@@ -1,0 +1,348 @@
+//! Setting endpoints up (queue pair, bootstrap exchange) and keeping them alive.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+use rdmx_core::credit::{RecvWindow, SendWindow};
+use rdmx_core::header::{MAILBOX_LEN, Mailbox};
+use rdmx_core::{DisconnectCause, Error, Result};
+use rdmx_verbs::{
+    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair,
+    Rkey, WrOpcode,
+};
+
+use crate::context::{Context, MAX_ENDPOINTS};
+use crate::endpoint::Endpoint;
+use crate::ep::{Ep, Hold, Status};
+use crate::shared::{PostData, Shared, State, post_on};
+
+/// Send queue depth of an endpoint's queue pair.
+fn sq_depth(sh: &Shared) -> u32 {
+    sh.cfg.credits.saturating_mul(2).saturating_add(64)
+}
+
+/// The local ACK timeout exponent (4.096 us * 2^t per try) so that 8 tries take about half
+/// the peer timeout.
+fn timeout_exponent(peer_timeout: Duration) -> u8 {
+    let per_try_ns = (peer_timeout.as_nanos() / 16).max(4096);
+    let mut t = 1u8;
+    while t < 31 && 4096u128 << t < per_try_ns {
+        t += 1;
+    }
+    t
+}
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5eed);
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+fn create_qp(sh: &Shared) -> Result<QueuePair> {
+    let mut attr = QpInitAttr::rc(&sh.cq, &sh.cq);
+    attr.srq = Some(&sh.srq);
+    attr.cap = QpCap {
+        max_send_wr: sq_depth(sh),
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: sh.max_inline_data,
+    };
+    let qp = sh.pd.create_qp(&attr)?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )?;
+    Ok(qp)
+}
+
+fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
+    let gid = sh.vctx.query_gid(port, 0)?;
+    let udp_port = sh.vctx.port_addr(port).map_or(4791, |a| a.port());
+    Ok(PathInfo {
+        gid: gid.0,
+        udp_port,
+        port_num: port,
+    })
+}
+
+/// Moves the queue pair to RTR and RTS towards the peer.
+fn bring_up(sh: &Shared, qp: &QueuePair, my_psn: u32, peer: &EndpointInfo) -> Result<()> {
+    let mtu = Mtu::from_bytes_floor(peer.mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024);
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: AhAttr::new(Gid(peer.primary.gid)).with_udp_port(peer.primary.udp_port),
+            path_mtu: mtu,
+            dest_qp_num: peer.qpn,
+            rq_psn: peer.psn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        },
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            timeout: timeout_exponent(sh.cfg.peer_timeout),
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: my_psn,
+            max_rd_atomic: 16,
+            ..QpAttr::default()
+        },
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    )?;
+    Ok(())
+}
+
+/// Registers a new endpoint (not yet connected) and describes it for the peer.
+fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, EndpointInfo)> {
+    let mut st = sh.state.lock();
+    if st.eps.len() >= MAX_ENDPOINTS {
+        return Err(Error::InvalidArgument(format!(
+            "a context holds at most {MAX_ENDPOINTS} endpoints"
+        )));
+    }
+    let key = st.eps.vacant_key();
+    let mut recv = RecvWindow::default();
+    let credits = st.budget.add_endpoint(&mut recv);
+    recv.advertise();
+    let id = st.next_id;
+    st.next_id += 1;
+    let mailbox_off = key * MAILBOX_LEN;
+    let _ = sh.mailbox.write_u64(mailbox_off, 0);
+    let qpn = qp.qp_num().0;
+    let info = EndpointInfo {
+        transport: TransportKind::Rc,
+        qpn,
+        psn,
+        mtu: sh.mtu_bytes,
+        primary: path_info(sh, 1)?,
+        alternate: None,
+        srq_nums: Vec::new(),
+        credits,
+        mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
+        mailbox_rkey: sh.mailbox.rkey().0,
+        max_message: sh.cfg.max_message as u64,
+        eager_limit: sh.cfg.rndv_threshold as u32,
+        context_id: sh.context_id,
+    };
+    st.eps.insert(Ep {
+        id,
+        key,
+        qp,
+        qpn,
+        status: Status::Open,
+        detached: false,
+        close_sent: false,
+        peer_closed: false,
+        send: SendWindow::new(0),
+        recv,
+        in_needy: false,
+        peer_mailbox: (0, 0),
+        mailbox_off,
+        mailbox_seen: Mailbox::default(),
+        peer_eager_limit: 0,
+        peer_max_message: 0,
+        next_seq: 0,
+        sq_depth: sq_depth(sh),
+        unsignaled: 0,
+        inflight: VecDeque::new(),
+        ops_done: Vec::new(),
+        rndv_out: VecDeque::new(),
+        rndv_out_done: 0,
+        rndv_in_done: 0,
+        rndv_in_adv: 0,
+        inbox: VecDeque::new(),
+        delivered: 0,
+        last_rx: Instant::now(),
+        keepalive_at: None,
+        close_deadline: None,
+    });
+    st.by_qpn.insert(qpn, key);
+    if credits < st.budget.target() {
+        st.eps[key].in_needy = true;
+        st.needy.push_back(key);
+    }
+    Ok((key, id, info))
+}
+
+/// Fills in what the peer told us.
+fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
+    let mut st = sh.state.lock();
+    if let Some(ep) = st.eps.get_mut(key) {
+        ep.send = SendWindow::new(peer.credits);
+        ep.peer_mailbox = (peer.mailbox_addr, peer.mailbox_rkey);
+        ep.peer_eager_limit = peer.eager_limit as usize;
+        ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
+        ep.last_rx = Instant::now();
+    }
+    sh.after(&mut st);
+}
+
+fn unregister(sh: &Shared, key: usize) {
+    let mut st = sh.state.lock();
+    sh.remove(&mut st, key);
+}
+
+fn check_peer(peer: &EndpointInfo) -> Result<()> {
+    if peer.transport != TransportKind::Rc {
+        return Err(Error::Protocol(format!(
+            "the peer wants transport {:?}, this context uses rc",
+            peer.transport
+        )));
+    }
+    Ok(())
+}
+
+/// The connecting side.
+pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
+    let sh = ctx.shared();
+    let deadline = Instant::now() + sh.cfg.connect_timeout;
+    let mut stream = bootstrap::connect(addr, deadline)?;
+    let psn = random_psn();
+    let qp = create_qp(sh)?;
+    let (key, id, info) = register(sh, qp, psn)?;
+    let result = (|| -> Result<()> {
+        bootstrap::send_frame(&mut stream, &Frame::Hello(info), deadline)?;
+        let peer = bootstrap::expect_accept(&mut stream, deadline)?;
+        check_peer(&peer)?;
+        {
+            let st = sh.state.lock();
+            let ep = st
+                .eps
+                .get(key)
+                .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
+            bring_up(sh, &ep.qp, psn, &peer)?;
+        }
+        complete(sh, key, &peer);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        unregister(sh, key);
+        return Err(e);
+    }
+    tracing::debug!(endpoint = id, %addr, "connected");
+    Ok(Endpoint::new(Arc::clone(sh), key, id))
+}
+
+/// The listening side, after the TCP accept.
+pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> Result<Endpoint> {
+    let sh = ctx.shared();
+    let deadline = Instant::now() + sh.cfg.connect_timeout;
+    let peer = bootstrap::expect_hello(&mut stream, deadline)?;
+    if let Err(e) = check_peer(&peer) {
+        let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
+        return Err(e);
+    }
+    let psn = random_psn();
+    let qp = match create_qp(sh) {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = bootstrap::reject(&mut stream, "cannot create a queue pair", deadline);
+            return Err(e);
+        }
+    };
+    let (key, id, info) = register(sh, qp, psn)?;
+    let result = (|| -> Result<()> {
+        {
+            let st = sh.state.lock();
+            let ep = st
+                .eps
+                .get(key)
+                .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
+            bring_up(sh, &ep.qp, psn, &peer)?;
+        }
+        complete(sh, key, &peer);
+        bootstrap::send_frame(&mut stream, &Frame::Accept(info), deadline)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        unregister(sh, key);
+        return Err(e);
+    }
+    tracing::debug!(endpoint = id, %from, "accepted");
+    Ok(Endpoint::new(Arc::clone(sh), key, id))
+}
+
+/// Background duties, every tick: probe peers that have been silent for half the peer
+/// timeout (a signaled mailbox write: a dead peer makes it exhaust its retries), and give up
+/// on closes that take longer than the peer timeout.
+pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
+    let half = sh.cfg.peer_timeout / 2;
+    let mut expired = Vec::new();
+    for (k, ep) in st.eps.iter_mut() {
+        if let Some(d) = ep.close_deadline
+            && now >= d
+            && !matches!(ep.status, Status::Down(_))
+        {
+            expired.push(k);
+            continue;
+        }
+        if !matches!(ep.status, Status::Open | Status::Closing) {
+            continue;
+        }
+        if now.duration_since(ep.last_rx) < half || !ep.inflight.is_empty() {
+            continue;
+        }
+        if ep
+            .keepalive_at
+            .is_some_and(|t| now.duration_since(t) < half)
+        {
+            continue;
+        }
+        let m = Mailbox {
+            grant: ep.recv.advertised,
+            rndv_done: ep.rndv_in_adv,
+        };
+        let bytes = m.to_word().to_be_bytes();
+        let op = WrOpcode::RdmaWrite {
+            remote_addr: ep.peer_mailbox.0,
+            rkey: Rkey(ep.peer_mailbox.1),
+        };
+        if post_on(ep, op, PostData::Inline(&bytes), Hold::None, true).is_ok() {
+            ep.keepalive_at = Some(now);
+        }
+    }
+    for k in expired {
+        sh.fail(
+            st,
+            k,
+            DisconnectCause::PeerUnreachable("the peer did not finish closing in time".into()),
+        );
+    }
+    sh.after(st);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_exponent_scales() {
+        // 2 s peer timeout: 8 tries of ~134 ms.
+        assert_eq!(timeout_exponent(Duration::from_secs(2)), 15);
+        assert_eq!(timeout_exponent(Duration::from_millis(10)), 8);
+        assert_eq!(timeout_exponent(Duration::from_secs(100_000)), 31);
+    }
+}

@@ -1,0 +1,502 @@
+//! The context: device, protection domain, completion queue, shared receive queue, buffer
+//! pool and endpoint table, plus the background thread that takes over progress when no
+//! application thread is polling.
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use rdmx_core::bootstrap::{self, TransportKind};
+use rdmx_core::header::{HEADER_LEN, MAILBOX_LEN, RTS_LEN};
+use rdmx_core::pool::{BufferPool, PoolConfig, PoolStats};
+use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
+use rdmx_verbs::{AccessFlags, AsyncEvent, Device, NicCounters, SrqInitAttr};
+
+use crate::endpoint::Endpoint;
+use crate::shared::{Shared, State, Stats};
+
+/// Most endpoints a context can hold (one mailbox slot each).
+pub const MAX_ENDPOINTS: usize = 1 << 16;
+
+/// Builds a [`Context`]. Every method has an `RDMX_*` environment variable (see
+/// `rdmx_core::config`); values set here win.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct ContextBuilder {
+    cfg: ConfigBuilder,
+}
+
+macro_rules! forward {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, v: $ty) -> Self {
+            self.cfg = self.cfg.$name(v);
+            self
+        }
+    };
+}
+
+impl ContextBuilder {
+    /// The device to open (`RDMX_DEVICE`; default `soft:127.0.0.1`).
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.cfg = self.cfg.device(name);
+        self
+    }
+    forward!(
+        /// The transport of endpoints (`RDMX_TRANSPORT`).
+        transport: TransportKind
+    );
+    forward!(
+        /// Largest payload sent inline (`RDMX_INLINE_THRESHOLD`).
+        inline_threshold: usize
+    );
+    forward!(
+        /// Smallest payload sent by rendezvous (`RDMX_RNDV_THRESHOLD`).
+        rndv_threshold: usize
+    );
+    forward!(
+        /// Receive credits per endpoint (`RDMX_CREDITS`).
+        credits: u32
+    );
+    forward!(
+        /// Receive buffers on the shared receive queue (`RDMX_SRQ_DEPTH`).
+        srq_depth: u32
+    );
+    forward!(
+        /// Cap of the buffer pool in bytes (`RDMX_POOL_MAX`).
+        pool_max: usize
+    );
+    forward!(
+        /// Largest message (`RDMX_MAX_MESSAGE`).
+        max_message: usize
+    );
+    forward!(
+        /// Busy-poll time of blocking calls (`RDMX_BUSY_POLL_US`).
+        busy_poll: Duration
+    );
+    forward!(
+        /// Time to declare a silent peer dead (`RDMX_PEER_TIMEOUT_MS`).
+        peer_timeout: Duration
+    );
+    forward!(
+        /// Connect deadline (`RDMX_CONNECT_TIMEOUT_MS`).
+        connect_timeout: Duration
+    );
+
+    /// Opens the device and sets everything up.
+    ///
+    /// # Errors
+    /// `Config` for bad settings, `Verbs` when the device cannot be opened or a resource
+    /// cannot be created.
+    pub fn build(self) -> Result<Context> {
+        let cfg = self.cfg.resolve()?;
+        Context::with_config(cfg)
+    }
+}
+
+#[derive(Debug)]
+struct Handle {
+    shared: Arc<Shared>,
+    bg: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(h) = self.bg.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// An rdmx context: one per process (or per group of threads). Cheap to clone; endpoints
+/// keep what they need alive on their own.
+#[derive(Debug, Clone)]
+pub struct Context {
+    handle: Arc<Handle>,
+}
+
+impl Context {
+    /// A builder with every value unset (environment, then defaults).
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
+    }
+
+    /// A context configured from the environment alone.
+    ///
+    /// # Errors
+    /// As [`ContextBuilder::build`].
+    pub fn new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// A context with an explicit configuration.
+    ///
+    /// # Errors
+    /// As [`ContextBuilder::build`].
+    pub fn with_config(cfg: Config) -> Result<Self> {
+        cfg.validate()?;
+        if cfg.transport == TransportKind::Xrc {
+            return Err(Error::Config(
+                "transport xrc is not available yet; use rc".into(),
+            ));
+        }
+        let vctx = Device::open(&cfg.device)?;
+        let dev = vctx.query_device();
+        let pd = vctx.alloc_pd()?;
+        let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);
+        let cq = vctx.create_cq(cqe, None)?;
+        let srq = pd.create_srq(&SrqInitAttr {
+            max_wr: cfg.srq_depth,
+            max_sge: 1,
+            srq_limit: (cfg.srq_depth / 4).max(1),
+        })?;
+        let mailbox = pd.reg_mr(
+            MAX_ENDPOINTS * MAILBOX_LEN,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )?;
+        let pool = BufferPool::new(
+            &pd,
+            PoolConfig {
+                max_bytes: cfg.pool_max,
+                remote_read_min: cfg.rndv_threshold,
+                extra_class: Some(cfg.recv_buf_size()),
+            },
+        );
+        let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
+            .min(dev.max_inline_data.max(RTS_LEN as u32));
+        let inline_max = cfg
+            .inline_threshold
+            .min((max_inline_data as usize).saturating_sub(HEADER_LEN));
+        let port = vctx.query_port(1)?;
+        let state = State::new(&cfg);
+        let shared = Arc::new(Shared {
+            vctx,
+            pd,
+            cq,
+            srq,
+            mailbox,
+            pool,
+            state: Mutex::new(state),
+            cond: Condvar::new(),
+            inline_max,
+            max_inline_data,
+            mtu_bytes: port.active_mtu.bytes() as u32,
+            context_id: random_u64(),
+            start: Instant::now(),
+            last_app_poll: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            cfg,
+        });
+        {
+            let mut st = shared.state.lock();
+            shared.after(&mut st);
+        }
+        let bg_shared = shared.clone();
+        let bg = std::thread::Builder::new()
+            .name("rdmx-progress".into())
+            .spawn(move || background(&bg_shared))
+            .map_err(|e| Error::Config(format!("cannot start the progress thread: {e}")))?;
+        Ok(Self {
+            handle: Arc::new(Handle {
+                shared,
+                bg: Mutex::new(Some(bg)),
+            }),
+        })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.handle.shared
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.handle.shared.cfg
+    }
+
+    /// The largest payload actually sent inline (the configured threshold, capped by the
+    /// device).
+    pub fn inline_max(&self) -> usize {
+        self.handle.shared.inline_max
+    }
+
+    /// Starts accepting endpoints on `addr` (the TCP side channel).
+    ///
+    /// # Errors
+    /// `Bootstrap` when the address cannot be bound.
+    pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let addr = resolve(addr)?;
+        let tcp = bootstrap::listen(addr)?;
+        let local = tcp
+            .local_addr()
+            .map_err(|source| bootstrap::BootstrapError::Io {
+                op: "local_addr",
+                source,
+            })?;
+        Ok(Listener {
+            ctx: self.clone(),
+            tcp,
+            local,
+        })
+    }
+
+    /// Connects an endpoint to a listener at `addr`.
+    ///
+    /// # Errors
+    /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout),
+    /// `Verbs` when the queue pair cannot be set up.
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        let addr = resolve(addr)?;
+        crate::conn::connect(self, addr)
+    }
+
+    /// A buffer from the registered pool, waiting (up to the connect timeout) while the pool
+    /// is at its cap.
+    ///
+    /// # Errors
+    /// `PoolCapacity` when `len` can never fit; `Timeout` when no buffer came back in time.
+    pub fn alloc(&self, len: usize) -> Result<Buf> {
+        let sh = self.shared();
+        let deadline = Instant::now() + sh.cfg.connect_timeout;
+        wait_until(sh, Some(deadline), |_| match sh.pool.try_alloc(len) {
+            Err(Error::WouldBlock) => None,
+            r => Some(r),
+        })
+    }
+
+    /// A buffer from the registered pool, or `WouldBlock` when the pool is at its cap.
+    ///
+    /// # Errors
+    /// As [`BufferPool::try_alloc`].
+    pub fn try_alloc(&self, len: usize) -> Result<Buf> {
+        self.shared().pool.try_alloc(len)
+    }
+
+    /// Runs the progress engine once (completions, credits, rendezvous); returns how many
+    /// completions it handled. Blocking calls do this themselves; call it when only polling
+    /// with `try_*` calls.
+    pub fn progress(&self) -> usize {
+        let sh = self.shared();
+        let mut st = sh.state.lock();
+        sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
+        let n = sh.progress(&mut st);
+        if n > 0 {
+            sh.cond.notify_all();
+        }
+        n
+    }
+
+    /// The next event (path migrations, disconnects), if any.
+    pub fn poll_event(&self) -> Option<Event> {
+        let sh = self.shared();
+        let mut st = sh.state.lock();
+        sh.progress(&mut st);
+        st.events.pop_front()
+    }
+
+    /// Waits up to `timeout` for the next event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
+        let sh = self.shared();
+        wait_until(sh, Some(Instant::now() + timeout), |st| {
+            st.events.pop_front().map(Ok)
+        })
+        .ok()
+    }
+
+    /// Counters of the message layer.
+    pub fn stats(&self) -> Stats {
+        self.shared().state.lock().stats
+    }
+
+    /// Counters of the buffer pool.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.shared().pool.stats()
+    }
+
+    /// Counters of the device (RNR NAKs, retransmissions, ...).
+    pub fn device_counters(&self) -> NicCounters {
+        self.shared().vctx.counters()
+    }
+
+    /// Number of endpoints in the table (including ones that are down but not yet dropped).
+    pub fn endpoint_count(&self) -> usize {
+        self.shared().state.lock().eps.len()
+    }
+
+    /// Receive buffers posted on the shared receive queue now.
+    pub fn posted_receives(&self) -> u64 {
+        self.shared().state.lock().budget.posted
+    }
+
+    /// The verbs context underneath (for device queries).
+    pub fn verbs_context(&self) -> &rdmx_verbs::Context {
+        &self.shared().vctx
+    }
+}
+
+/// Accepts endpoints on a TCP address.
+#[derive(Debug)]
+pub struct Listener {
+    ctx: Context,
+    tcp: TcpListener,
+    local: SocketAddr,
+}
+
+impl Listener {
+    /// The address it listens on (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Waits for the next peer and sets up an endpoint with it. A peer that misbehaves
+    /// during the exchange gives an error (and is told why when possible); the listener stays
+    /// usable.
+    ///
+    /// # Errors
+    /// `Bootstrap` for a failed exchange, `Verbs` for queue pair set-up failures.
+    pub fn accept(&self) -> Result<Endpoint> {
+        let (stream, peer) = bootstrap::accept(&self.tcp)?;
+        crate::conn::accept(&self.ctx, stream, peer)
+    }
+
+    /// The context it belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
+/// sleeps on the context's condition variable (the background thread, or any thread that
+/// makes progress, wakes it). `deadline = None` waits forever.
+pub(crate) fn wait_until<T>(
+    sh: &Shared,
+    deadline: Option<Instant>,
+    mut f: impl FnMut(&mut State) -> Option<Result<T>>,
+) -> Result<T> {
+    let start = Instant::now();
+    let spin_until = start + sh.cfg.busy_poll;
+    let mut sleep = Duration::from_micros(100);
+    loop {
+        {
+            let mut st = sh.state.lock();
+            sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
+            if sh.progress(&mut st) > 0 {
+                sh.cond.notify_all();
+            }
+            if let Some(r) = f(&mut st) {
+                return r;
+            }
+            let now = Instant::now();
+            if let Some(d) = deadline
+                && now >= d
+            {
+                return Err(Error::Timeout(now - start));
+            }
+            if now >= spin_until {
+                // Sleep: arm the completion queue (the background thread sleeps on its
+                // channel), look once more to close the race, then wait. Credits that arrive
+                // by RDMA WRITE raise no completion, so the sleep is also bounded.
+                sh.cq.req_notify(false);
+                if sh.progress(&mut st) > 0 {
+                    sh.cond.notify_all();
+                }
+                if let Some(r) = f(&mut st) {
+                    return r;
+                }
+                let mut t = sleep;
+                if let Some(d) = deadline {
+                    t = t.min(d.saturating_duration_since(now));
+                }
+                sh.cond.wait_for(&mut st, t);
+                sleep = (sleep * 2).min(Duration::from_millis(5));
+                continue;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The background thread: progress when no application thread polls, keepalives, device
+/// events. It sleeps on the completion channel and never spins.
+fn background(sh: &Shared) {
+    let tick = (sh.cfg.peer_timeout / 4).min(Duration::from_millis(100));
+    let mut next_keepalive = Instant::now() + tick;
+    while !sh.stop.load(Ordering::Acquire) {
+        let idle = sh
+            .now_nanos()
+            .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
+            > 2_000_000;
+        if idle {
+            sh.cq.req_notify(false);
+        }
+        {
+            let mut st = sh.state.lock();
+            if sh.progress(&mut st) > 0 {
+                sh.cond.notify_all();
+            }
+            while let Some(ev) = sh.vctx.get_async_event(Duration::ZERO) {
+                on_async_event(sh, &mut st, ev);
+            }
+            let now = Instant::now();
+            if now >= next_keepalive {
+                crate::conn::keepalive(sh, &mut st, now);
+                next_keepalive = now + tick;
+            }
+        }
+        let wait = if idle { tick } else { Duration::from_millis(2) };
+        let _ = sh.cq.channel().wait_spin(wait, Duration::ZERO);
+    }
+    // The context is going away: endpoints that still exist keep working through their own
+    // progress calls.
+}
+
+fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
+    match ev {
+        AsyncEvent::SrqLimitReached(_) => {
+            sh.after(st);
+            let _ = sh.srq.arm_limit((sh.cfg.srq_depth / 4).max(1));
+        }
+        AsyncEvent::PathMigrated(qpn) => {
+            if let Some(&k) = st.by_qpn.get(&qpn.0)
+                && let Some(ep) = st.eps.get(k)
+            {
+                st.events.push_back(Event::PathMigrated { endpoint: ep.id });
+                sh.cond.notify_all();
+            }
+        }
+        AsyncEvent::QpFatal(qpn)
+        | AsyncEvent::QpAccessError(qpn)
+        | AsyncEvent::QpRequestError(qpn) => {
+            if let Some(&k) = st.by_qpn.get(&qpn.0) {
+                sh.fail(
+                    st,
+                    k,
+                    rdmx_core::DisconnectCause::TransportError(format!("{ev:?}")),
+                );
+            }
+        }
+        other => tracing::debug!(event = ?other, "device event"),
+    }
+}

@@ -1,0 +1,535 @@
+//! The application's handles: [`Endpoint`], [`Message`], and the one-sided regions
+//! [`LocalRegion`] / [`RemoteRegion`].
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmx_core::{Buf, DisconnectCause, Error, Result};
+use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, WcStatus, WrOpcode};
+
+use crate::context::{Context, wait_until};
+use crate::ep::{Inbound, Status};
+use crate::shared::{Payload, Shared, State};
+
+/// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
+/// access to regions the peer registered. `Send + Sync`; several threads may use it.
+///
+/// Dropping it closes the endpoint in the background (messages already sent are still
+/// delivered); [`close`](Self::close) does the same and waits for the peer.
+pub struct Endpoint {
+    sh: Arc<Shared>,
+    key: usize,
+    id: u64,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint").field("id", &self.id).finish()
+    }
+}
+
+/// A received message: a pooled buffer (the payload is what it dereferences to). Eager
+/// messages occupy a receive buffer, which goes back to the shared receive queue when the
+/// message is dropped — keep messages briefly, or copy them out.
+pub struct Message {
+    buf: Option<Buf>,
+    off: usize,
+    eager: bool,
+    endpoint: u64,
+    sh: Arc<Shared>,
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("endpoint", &self.endpoint)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Deref for Message {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => b.get(self.off..).unwrap_or_default(),
+            None => &[],
+        }
+    }
+}
+
+impl Message {
+    /// The endpoint it came from (its [`Endpoint::id`]).
+    pub fn endpoint(&self) -> u64 {
+        self.endpoint
+    }
+
+    /// True for a message that arrived by rendezvous (it owns a pool buffer of its own).
+    pub fn is_rendezvous(&self) -> bool {
+        !self.eager
+    }
+
+    /// The payload as an owned buffer. For a rendezvous message this is the buffer itself
+    /// (no copy); an eager message is copied so its receive buffer can go back at once.
+    ///
+    /// # Errors
+    /// As [`Context::try_alloc`] when a copy is needed and the pool is full.
+    pub fn into_buf(mut self) -> Result<Buf> {
+        if !self.eager
+            && let Some(b) = self.buf.take()
+        {
+            return Ok(b);
+        }
+        self.sh.pool.try_alloc_from(&self[..])
+    }
+}
+
+impl Drop for Message {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        if self.eager {
+            let mut st = self.sh.state.lock();
+            self.sh.recycle(&mut st, buf);
+            self.sh.after(&mut st);
+            drop(st);
+            self.sh.cond.notify_all();
+        }
+    }
+}
+
+impl Endpoint {
+    pub(crate) fn new(sh: Arc<Shared>, key: usize, id: u64) -> Self {
+        Self { sh, key, id }
+    }
+
+    /// The endpoint's identifier (unique within its context; also in [`Message::endpoint`]
+    /// and in events).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// True while messages can be sent and received.
+    pub fn is_connected(&self) -> bool {
+        self.sh
+            .state
+            .lock()
+            .eps
+            .get(self.key)
+            .is_some_and(|e| e.status == Status::Open)
+    }
+
+    /// Why the endpoint is down, if it is.
+    pub fn disconnect_cause(&self) -> Option<DisconnectCause> {
+        self.sh.state.lock().eps.get(self.key)?.down_cause()
+    }
+
+    // ------------------------------------------------------------------ sending
+
+    fn send_payload(
+        &self,
+        mut p: Payload<'_>,
+        deadline: Option<Instant>,
+        block: bool,
+    ) -> Result<()> {
+        let sh = &*self.sh;
+        {
+            let mut st = sh.state.lock();
+            match sh.try_send(&mut st, self.key, p)? {
+                None => return Ok(()),
+                Some(back) if !block => {
+                    sh.progress(&mut st);
+                    // Progress may have brought a credit.
+                    return match sh.try_send(&mut st, self.key, back)? {
+                        None => Ok(()),
+                        Some(_) => Err(Error::WouldBlock),
+                    };
+                }
+                Some(back) => p = back,
+            }
+        }
+        let mut slot = Some(p);
+        wait_until(sh, deadline, |st| {
+            let p = slot.take()?;
+            match sh.try_send(st, self.key, p) {
+                Ok(None) => Some(Ok(())),
+                Ok(Some(back)) => {
+                    slot = Some(back);
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            }
+        })
+    }
+
+    /// Sends a copy of `data`, waiting for a credit (and a pool buffer) if needed. The
+    /// protocol follows the size: inline, eager, or rendezvous.
+    ///
+    /// # Errors
+    /// `Disconnected` when the endpoint is down, `MessageTooLarge` above the maximum.
+    pub fn send(&self, data: &[u8]) -> Result<()> {
+        self.send_payload(Payload::Bytes(data), None, true)
+    }
+
+    /// [`send`](Self::send) giving up after `timeout` with `Timeout`.
+    ///
+    /// # Errors
+    /// As `send`, plus `Timeout`.
+    pub fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
+        self.send_payload(Payload::Bytes(data), Some(Instant::now() + timeout), true)
+    }
+
+    /// Sends `data` only if a credit is available now.
+    ///
+    /// # Errors
+    /// `WouldBlock` when out of credits (or pool buffers), else as `send`.
+    pub fn try_send(&self, data: &[u8]) -> Result<()> {
+        self.send_payload(Payload::Bytes(data), None, false)
+    }
+
+    /// Sends a pooled buffer without copying it when it is large (rendezvous: the peer reads
+    /// it straight from this buffer, which returns to the pool once the peer reports the
+    /// read done). Small buffers are sent inline or eagerly like `send`.
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_buf(&self, buf: Buf) -> Result<()> {
+        self.send_payload(Payload::Buf(buf), None, true)
+    }
+
+    // ------------------------------------------------------------------ receiving
+
+    fn take_message(&self, st: &mut State) -> Option<Result<Message>> {
+        let Some(ep) = st.eps.get_mut(self.key) else {
+            return Some(Err(Error::Disconnected(DisconnectCause::LocalClose)));
+        };
+        if ep.has_ready() {
+            let (buf, off, eager) = match ep.inbox.pop_front() {
+                Some(Inbound::Msg { buf, off, eager }) => (buf, off, eager),
+                Some(Inbound::Rndv {
+                    dest: Some(buf), ..
+                }) => (buf, 0, false),
+                Some(Inbound::Closed) => {
+                    ep.inbox.push_front(Inbound::Closed);
+                    return Some(Err(Error::Disconnected(
+                        ep.down_cause().unwrap_or(DisconnectCause::PeerClosed),
+                    )));
+                }
+                _ => return None,
+            };
+            ep.delivered += 1;
+            st.stats.delivered += 1;
+            return Some(Ok(Message {
+                buf: Some(buf),
+                off,
+                eager,
+                endpoint: self.id,
+                sh: self.sh.clone(),
+            }));
+        }
+        if let Some(c) = ep.down_cause() {
+            return Some(Err(Error::Disconnected(c)));
+        }
+        None
+    }
+
+    /// Waits for the next message from the peer.
+    ///
+    /// # Errors
+    /// `Disconnected` once the peer closed (after every message it sent was received) or
+    /// the endpoint failed.
+    pub fn recv(&self) -> Result<Message> {
+        wait_until(&self.sh, None, |st| self.take_message(st))
+    }
+
+    /// [`recv`](Self::recv) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// As `recv`, plus `Timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        wait_until(&self.sh, Some(Instant::now() + timeout), |st| {
+            self.take_message(st)
+        })
+    }
+
+    /// The next message if one is there now.
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing has arrived, else as `recv`.
+    pub fn try_recv(&self) -> Result<Message> {
+        let mut st = self.sh.state.lock();
+        if let Some(r) = self.take_message(&mut st) {
+            return r;
+        }
+        self.sh.progress(&mut st);
+        self.take_message(&mut st).unwrap_or(Err(Error::WouldBlock))
+    }
+
+    // ------------------------------------------------------------------ closing
+
+    /// Closes the endpoint gracefully: stops sending, lets what is in flight arrive, tells
+    /// the peer, and waits (up to the peer timeout) for the peer to acknowledge. Messages
+    /// still queued for this side can be received until then.
+    ///
+    /// # Errors
+    /// `Timeout` when the peer did not answer in time (the endpoint is down anyway).
+    pub fn close(&self) -> Result<()> {
+        let timeout = self.sh.cfg.peer_timeout;
+        {
+            let mut st = self.sh.state.lock();
+            if let Some(ep) = st.eps.get_mut(self.key) {
+                if ep.status == Status::Open {
+                    ep.status = Status::Closing;
+                }
+                ep.close_deadline.get_or_insert(Instant::now() + timeout);
+            }
+            self.sh.after(&mut st);
+        }
+        let r = wait_until(&self.sh, Some(Instant::now() + timeout), |st| {
+            match st.eps.get(self.key) {
+                None => Some(Ok(())),
+                Some(ep) => ep.down_cause().map(|_| Ok(())),
+            }
+        });
+        if r.is_err() {
+            let mut st = self.sh.state.lock();
+            self.sh.fail(&mut st, self.key, DisconnectCause::LocalClose);
+        }
+        r
+    }
+
+    // ------------------------------------------------------------------ one-sided
+
+    fn one_sided(&self, op: WrOpcode, local: Option<Buf>) -> Result<Option<Buf>> {
+        let sh = &*self.sh;
+        let mut local = Some(local);
+        let mut seq = None;
+        wait_until(sh, None, |st| {
+            if seq.is_none() {
+                let l = local.take()?;
+                match sh.post_op(st, self.key, op, l) {
+                    Ok(Ok(s)) => seq = Some(s),
+                    Ok(Err(back)) => {
+                        local = Some(back);
+                        return None;
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let s = seq?;
+            let ep = st.eps.get_mut(self.key)?;
+            let i = ep.ops_done.iter().position(|r| r.seq == s)?;
+            let r = ep.ops_done.swap_remove(i);
+            Some(if r.status == WcStatus::Success {
+                Ok(r.buf)
+            } else {
+                Err(Error::Disconnected(DisconnectCause::TransportError(
+                    format!("one-sided operation failed: {:?}", r.status),
+                )))
+            })
+        })
+    }
+
+    fn target(remote: &RemoteRegion, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= remote.len => Ok(remote.addr + offset),
+            _ => Err(Error::InvalidArgument(format!(
+                "{len} bytes at offset {offset} do not fit the {}-byte remote region",
+                remote.len
+            ))),
+        }
+    }
+
+    /// Writes `data` into the peer's region at `offset` and waits until it is there.
+    ///
+    /// # Errors
+    /// `InvalidArgument` outside the region; `Disconnected` when the peer refused (the
+    /// endpoint is down then, as with verbs).
+    pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
+        let addr = Self::target(remote, offset, data.len() as u64)?;
+        let mut buf = self.sh.pool.try_alloc(data.len().max(1))?;
+        buf.set_len(data.len())?;
+        buf.copy_from_slice(data);
+        self.one_sided(
+            WrOpcode::RdmaWrite {
+                remote_addr: addr,
+                rkey: Rkey(remote.rkey),
+            },
+            Some(buf),
+        )?;
+        Ok(())
+    }
+
+    /// Reads `len` bytes of the peer's region at `offset`.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
+        let addr = Self::target(remote, offset, len as u64)?;
+        let mut buf = self.sh.pool.try_alloc(len.max(1))?;
+        buf.set_len(len)?;
+        let out = self.one_sided(
+            WrOpcode::RdmaRead {
+                remote_addr: addr,
+                rkey: Rkey(remote.rkey),
+            },
+            Some(buf),
+        )?;
+        out.ok_or_else(|| Error::Protocol("read completed without its buffer".into()))
+    }
+
+    fn atomic(&self, op: WrOpcode) -> Result<u64> {
+        let mut buf = self.sh.pool.try_alloc(8)?;
+        buf.fill(0);
+        let out = self
+            .one_sided(op, Some(buf))?
+            .ok_or_else(|| Error::Protocol("atomic completed without its buffer".into()))?;
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&out[..8]);
+        Ok(u64::from_ne_bytes(w))
+    }
+
+    /// Atomically replaces the 8-byte word at `offset` with `swap` if it equals `compare`;
+    /// returns the value it had.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write); the offset must be 8-byte aligned.
+    pub fn compare_swap(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let addr = Self::aligned(remote, offset)?;
+        self.atomic(WrOpcode::AtomicCmpSwap {
+            remote_addr: addr,
+            rkey: Rkey(remote.rkey),
+            compare,
+            swap,
+        })
+    }
+
+    /// Atomically adds `add` to the 8-byte word at `offset`; returns the value it had.
+    ///
+    /// # Errors
+    /// As [`compare_swap`](Self::compare_swap).
+    pub fn fetch_add(&self, remote: &RemoteRegion, offset: u64, add: u64) -> Result<u64> {
+        let addr = Self::aligned(remote, offset)?;
+        self.atomic(WrOpcode::AtomicFetchAdd {
+            remote_addr: addr,
+            rkey: Rkey(remote.rkey),
+            add,
+        })
+    }
+
+    fn aligned(remote: &RemoteRegion, offset: u64) -> Result<u64> {
+        let addr = Self::target(remote, offset, 8)?;
+        if addr % 8 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "atomic target {addr:#x} is not 8-byte aligned"
+            )));
+        }
+        Ok(addr)
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let mut st = self.sh.state.lock();
+        let timeout = self.sh.cfg.peer_timeout;
+        if let Some(ep) = st.eps.get_mut(self.key) {
+            ep.detached = true;
+            if ep.status == Status::Open {
+                ep.status = Status::Closing;
+            }
+            ep.close_deadline.get_or_insert(Instant::now() + timeout);
+        }
+        self.sh.after(&mut st);
+    }
+}
+
+// ---------------------------------------------------------------------- regions
+
+/// Memory this side registers for peers to access with one-sided operations.
+#[derive(Debug)]
+pub struct LocalRegion {
+    mr: MemoryRegion,
+}
+
+/// What a peer needs to access a [`LocalRegion`]: send it as a message
+/// ([`to_bytes`](Self::to_bytes)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl RemoteRegion {
+    /// Encoded length.
+    pub const LEN: usize = 20;
+
+    /// The 20-byte encoding (big-endian address, length, key).
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Decodes [`to_bytes`](Self::to_bytes); `None` for anything else.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[..8]);
+        let mut l = [0u8; 8];
+        l.copy_from_slice(&b[8..16]);
+        Some(Self {
+            addr: u64::from_be_bytes(a),
+            len: u64::from_be_bytes(l),
+            rkey: u32::from_be_bytes([b[16], b[17], b[18], b[19]]),
+        })
+    }
+}
+
+impl LocalRegion {
+    /// What to give a peer.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.mr.addr(),
+            len: self.mr.len() as u64,
+            rkey: self.mr.rkey().0,
+        }
+    }
+
+    /// The region's memory (read and written with copies: peers may access it any time).
+    pub fn memory(&self) -> &MemoryRegion {
+        &self.mr
+    }
+}
+
+impl Context {
+    /// Registers `len` zeroed bytes that peers may read, write and use atomics on.
+    ///
+    /// # Errors
+    /// `Verbs` when registration fails.
+    pub fn register(&self, len: usize) -> Result<LocalRegion> {
+        let mr = self.shared().pd.reg_mr(
+            len,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        )?;
+        Ok(LocalRegion { mr })
+    }
+}

@@ -1,0 +1,168 @@
+//! The per-endpoint state kept inside a context (the `Endpoint` handle only names it).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use rdmx_core::credit::{RecvWindow, SendWindow};
+use rdmx_core::header::{Mailbox, RtsInfo};
+use rdmx_core::{Buf, DisconnectCause};
+use rdmx_verbs::{QueuePair, WcStatus};
+
+/// Where an endpoint is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Sending and receiving.
+    Open,
+    /// `close()` was called: no new sends; in-flight ones drain, then a Close goes out.
+    Closing,
+    /// Finished (orderly or not); the cause is what calls report.
+    Down(DisconnectCause),
+}
+
+/// Something received, in arrival order.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// A message ready for the application: the buffer, and the payload's offset and length.
+    /// `eager` buffers are receive buffers (they go back to the shared receive queue).
+    Msg { buf: Buf, off: usize, eager: bool },
+    /// A rendezvous message being read (or waiting for a destination buffer).
+    Rndv {
+        len: u32,
+        rts: RtsInfo,
+        dest: Option<Buf>,
+        posted: bool,
+        done: bool,
+    },
+    /// The peer closed: every message it sent is before this marker.
+    Closed,
+}
+
+/// What a posted send work request holds until it completes.
+#[derive(Debug)]
+pub(crate) enum Hold {
+    /// Nothing (inline data, mailbox writes).
+    None,
+    /// A buffer the NIC reads from (eager send) — released at completion.
+    Buf(Buf),
+    /// A one-sided operation the application waits for (its local buffer, if any, is
+    /// returned with the result).
+    Op(Option<Buf>),
+}
+
+/// The result of a one-sided operation.
+#[derive(Debug)]
+pub(crate) struct OpResult {
+    pub(crate) seq: u32,
+    pub(crate) status: WcStatus,
+    pub(crate) buf: Option<Buf>,
+}
+
+/// One endpoint.
+#[derive(Debug)]
+pub(crate) struct Ep {
+    /// Public identifier (unique within the context).
+    pub(crate) id: u64,
+    /// Index in the context's endpoint table (also in work-request ids).
+    pub(crate) key: usize,
+    pub(crate) qp: QueuePair,
+    pub(crate) qpn: u32,
+    pub(crate) status: Status,
+    /// The application's handle was dropped: remove once down.
+    pub(crate) detached: bool,
+    /// We sent our Close.
+    pub(crate) close_sent: bool,
+    /// The peer's Close arrived.
+    pub(crate) peer_closed: bool,
+
+    // Flow control.
+    pub(crate) send: SendWindow,
+    pub(crate) recv: RecvWindow,
+    pub(crate) in_needy: bool,
+    /// Where our grants go in the peer's memory.
+    pub(crate) peer_mailbox: (u64, u32),
+    /// Our slot (offset into the context's mailbox region) that the peer writes.
+    pub(crate) mailbox_off: usize,
+    pub(crate) mailbox_seen: Mailbox,
+    /// The peer's limits.
+    pub(crate) peer_eager_limit: usize,
+    pub(crate) peer_max_message: usize,
+
+    // Send queue.
+    pub(crate) next_seq: u32,
+    pub(crate) sq_depth: u32,
+    pub(crate) unsignaled: u32,
+    pub(crate) inflight: VecDeque<(u32, Hold)>,
+    pub(crate) ops_done: Vec<OpResult>,
+
+    // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
+    pub(crate) rndv_out: VecDeque<Buf>,
+    pub(crate) rndv_out_done: u32,
+    // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
+    pub(crate) rndv_in_done: u32,
+    pub(crate) rndv_in_adv: u32,
+
+    pub(crate) inbox: VecDeque<Inbound>,
+    /// Messages delivered to the application so far (for stats and tests).
+    pub(crate) delivered: u64,
+    pub(crate) last_rx: Instant,
+    pub(crate) keepalive_at: Option<Instant>,
+    /// A close must finish by then (set when the handle is dropped or `close` is called).
+    pub(crate) close_deadline: Option<Instant>,
+}
+
+impl Ep {
+    /// Send work requests posted and not yet completed.
+    pub(crate) fn sq_used(&self) -> u32 {
+        self.inflight.len() as u32
+    }
+
+    /// True when nothing we sent is still in flight (completions and rendezvous reads).
+    pub(crate) fn drained(&self) -> bool {
+        self.inflight.is_empty() && self.rndv_out.is_empty()
+    }
+
+    /// The front message is deliverable.
+    pub(crate) fn has_ready(&self) -> bool {
+        matches!(
+            self.inbox.front(),
+            Some(Inbound::Msg { .. })
+                | Some(Inbound::Closed)
+                | Some(Inbound::Rndv { done: true, .. })
+        )
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.status == Status::Open
+    }
+
+    pub(crate) fn down_cause(&self) -> Option<DisconnectCause> {
+        match &self.status {
+            Status::Down(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Work-request ids: 2 bits of kind, 30 bits of endpoint key (or receive slot), 32 bits of
+/// sequence number.
+pub(crate) mod wrid {
+    pub(crate) const RECV: u64 = 0;
+    pub(crate) const SEND: u64 = 1;
+    pub(crate) const READ: u64 = 2;
+
+    pub(crate) fn make(kind: u64, key: usize, seq: u32) -> u64 {
+        (kind << 62) | (((key as u64) & 0x3fff_ffff) << 32) | u64::from(seq)
+    }
+
+    pub(crate) fn kind(id: u64) -> u64 {
+        id >> 62
+    }
+
+    pub(crate) fn key(id: u64) -> usize {
+        ((id >> 32) & 0x3fff_ffff) as usize
+    }
+
+    pub(crate) fn seq(id: u64) -> u32 {
+        id as u32
+    }
+}

@@ -1,0 +1,950 @@
+//! The state shared by a context and its endpoints, and the progress engine that drives it.
+//!
+//! Everything mutable lives in one [`State`] behind one lock. Any thread that needs something
+//! (a message, a credit, a buffer) takes the lock, runs [`Shared::progress`] — which polls the
+//! completion queue and routes each completion to its endpoint — and looks again. There is no
+//! hand-off to another thread on the latency path: the thread that waits is the thread that
+//! polls. A background thread (see `context.rs`) only takes over when nobody is polling.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use rdmx_core::credit::Budget;
+use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RTS_LEN, RtsInfo};
+use rdmx_core::pool::BufferPool;
+use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, Result};
+use rdmx_verbs::{
+    CompletionQueue, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask, QpState, RecvWr,
+    SendFlags, SendWr, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+use slab::Slab;
+
+use crate::ep::{Ep, Hold, Inbound, OpResult, Status, wrid};
+
+/// Completions taken per poll.
+const POLL_BATCH: usize = 32;
+/// An unsignaled send is followed by a signaled one at least this often.
+const SIGNAL_EVERY: u32 = 16;
+
+/// Counters of a context (see `Context::stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages sent inline.
+    pub sent_inline: u64,
+    /// Messages sent eagerly from a pooled buffer.
+    pub sent_eager: u64,
+    /// Messages sent by rendezvous.
+    pub sent_rndv: u64,
+    /// Messages delivered to the application.
+    pub delivered: u64,
+    /// Credit updates written into peers' mailboxes.
+    pub mailbox_writes: u64,
+    /// Times a sender found no credit and had to wait.
+    pub credit_waits: u64,
+    /// Receive buffers posted on the shared receive queue.
+    pub recv_posted: u64,
+    /// Receive completions with an unknown or finished queue pair (buffer reposted).
+    pub stray_completions: u64,
+    /// Protocol violations by peers (their endpoint was closed).
+    pub protocol_errors: u64,
+}
+
+/// All mutable state of a context.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) eps: Slab<Ep>,
+    pub(crate) by_qpn: HashMap<u32, usize>,
+    pub(crate) recv_slots: Slab<Buf>,
+    pub(crate) budget: Budget,
+    /// Eager receive buffers held by the application or queued in inboxes.
+    pub(crate) held: u64,
+    pub(crate) needy: VecDeque<usize>,
+    /// Endpoints with a mailbox update to write.
+    pub(crate) dirty: Vec<usize>,
+    /// Endpoints with rendezvous buffers out (their mailbox is watched).
+    pub(crate) rndv_watch: Vec<usize>,
+    /// Endpoints with a rendezvous request waiting for a destination buffer.
+    pub(crate) rndv_wait: Vec<usize>,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) next_id: u64,
+    pub(crate) stats: Stats,
+    wc: Vec<WorkCompletion>,
+}
+
+impl State {
+    pub(crate) fn new(cfg: &Config) -> Self {
+        Self {
+            eps: Slab::new(),
+            by_qpn: HashMap::new(),
+            recv_slots: Slab::with_capacity(cfg.srq_depth as usize),
+            budget: Budget::new(cfg.srq_depth, cfg.credits),
+            held: 0,
+            needy: VecDeque::new(),
+            dirty: Vec::new(),
+            rndv_watch: Vec::new(),
+            rndv_wait: Vec::new(),
+            events: VecDeque::new(),
+            next_id: 1,
+            stats: Stats::default(),
+            wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
+        }
+    }
+}
+
+/// What the context owns; endpoints and messages hold an `Arc` of it.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    pub(crate) vctx: rdmx_verbs::Context,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) srq: SharedReceiveQueue,
+    pub(crate) mailbox: MemoryRegion,
+    pub(crate) pool: BufferPool,
+    pub(crate) state: Mutex<State>,
+    pub(crate) cond: Condvar,
+    /// Inline payload limit actually usable (config capped by the device, less the header).
+    pub(crate) inline_max: usize,
+    pub(crate) max_inline_data: u32,
+    pub(crate) mtu_bytes: u32,
+    pub(crate) context_id: u64,
+    pub(crate) start: Instant,
+    /// Nanoseconds since `start` of the last progress call by an application thread.
+    pub(crate) last_app_poll: AtomicU64,
+    pub(crate) stop: AtomicBool,
+}
+
+/// How a send is carried.
+#[derive(Debug)]
+pub(crate) enum Payload<'a> {
+    /// Bytes the caller lends for the duration of the call.
+    Bytes(&'a [u8]),
+    /// A pooled buffer the caller gives away (zero copy).
+    Buf(Buf),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::Bytes(b) => b.len(),
+            Self::Buf(b) => b.len(),
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    // ----------------------------------------------------------------- progress
+
+    /// Polls the completion queue dry (bounded), routes completions, then does the
+    /// follow-up work: refill the shared receive queue, hand out credits, write mailboxes,
+    /// post deferred rendezvous reads. Returns the number of completions handled.
+    pub(crate) fn progress(&self, st: &mut State) -> usize {
+        let mut total = 0;
+        for _ in 0..8 {
+            let mut wc = std::mem::take(&mut st.wc);
+            let n = self.cq.poll(&mut wc);
+            for c in &wc[..n] {
+                self.on_completion(st, c);
+            }
+            st.wc = wc;
+            total += n;
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+        self.check_mailboxes(st);
+        self.after(st);
+        total
+    }
+
+    /// Follow-up work after state changed.
+    pub(crate) fn after(&self, st: &mut State) {
+        self.refill(st);
+        self.distribute(st);
+        self.post_deferred_reads(st);
+        self.flush_mailboxes(st);
+        self.reap(st);
+    }
+
+    fn on_completion(&self, st: &mut State, c: &WorkCompletion) {
+        match wrid::kind(c.wr_id) {
+            wrid::RECV => self.on_recv(st, c),
+            wrid::SEND => self.on_send(st, c),
+            wrid::READ => self.on_read(st, c),
+            _ => {}
+        }
+    }
+
+    fn on_recv(&self, st: &mut State, c: &WorkCompletion) {
+        let slot = wrid::key(c.wr_id);
+        let Some(mut buf) = st.recv_slots.try_remove(slot) else {
+            return;
+        };
+        st.budget.posted = st.budget.posted.saturating_sub(1);
+        let key = st.by_qpn.get(&c.qp_num.0).copied();
+        let ep_ok = key.is_some_and(|k| st.eps.get(k).is_some_and(|e| e.qpn == c.qp_num.0));
+        if c.status != WcStatus::Success || !ep_ok {
+            if c.status != WcStatus::Success && c.status != WcStatus::WrFlushErr {
+                tracing::debug!(status = ?c.status, qpn = c.qp_num.0, "receive completion error");
+            }
+            st.stats.stray_completions += 1;
+            if let (Some(k), true) = (key, c.status != WcStatus::WrFlushErr && ep_ok) {
+                self.fail(
+                    st,
+                    k,
+                    DisconnectCause::TransportError(format!("{:?}", c.status)),
+                );
+            }
+            self.repost(st, buf);
+            return;
+        }
+        let Some(k) = key else { return };
+        // The peer used one of our credits.
+        let credited = {
+            let ep = &mut st.eps[k];
+            ep.last_rx = Instant::now();
+            ep.keepalive_at = None;
+            let ok = ep.recv.on_receive();
+            if ok {
+                st.budget.outstanding = st.budget.outstanding.saturating_sub(1);
+            }
+            ok
+        };
+        if !credited {
+            st.stats.protocol_errors += 1;
+            self.fail(
+                st,
+                k,
+                DisconnectCause::Protocol("message without a credit".into()),
+            );
+            self.repost(st, buf);
+            return;
+        }
+        self.mark_needy(st, k);
+        let len = c.byte_len as usize;
+        if buf.set_len(len).is_err() {
+            self.repost(st, buf);
+            return;
+        }
+        let hdr = match Header::parse(&buf) {
+            Ok(h) => h,
+            Err(e) => {
+                st.stats.protocol_errors += 1;
+                self.fail(st, k, DisconnectCause::Protocol(e.to_string()));
+                self.repost(st, buf);
+                return;
+            }
+        };
+        self.apply_peer_counters(
+            st,
+            k,
+            Mailbox {
+                grant: hdr.grant,
+                rndv_done: hdr.rndv_done,
+            },
+        );
+        match hdr.kind {
+            Kind::Data => {
+                st.held += 1;
+                st.eps[k].inbox.push_back(Inbound::Msg {
+                    buf,
+                    off: HEADER_LEN,
+                    eager: true,
+                });
+            }
+            Kind::Rts => {
+                let rts = RtsInfo::parse(&buf);
+                self.repost(st, buf);
+                let Some(rts) = rts else { return };
+                if hdr.len as usize > self.cfg.max_message {
+                    st.stats.protocol_errors += 1;
+                    self.fail(
+                        st,
+                        k,
+                        DisconnectCause::Protocol(format!(
+                            "rendezvous message of {} bytes exceeds max_message",
+                            hdr.len
+                        )),
+                    );
+                    return;
+                }
+                st.eps[k].inbox.push_back(Inbound::Rndv {
+                    len: hdr.len,
+                    rts,
+                    dest: None,
+                    posted: false,
+                    done: false,
+                });
+                if !st.rndv_wait.contains(&k) {
+                    st.rndv_wait.push(k);
+                }
+            }
+            Kind::Close => {
+                self.repost(st, buf);
+                let ep = &mut st.eps[k];
+                ep.peer_closed = true;
+                ep.inbox.push_back(Inbound::Closed);
+                if ep.status == Status::Open {
+                    // Answer with our own Close once our sends drain (see `reap`).
+                    ep.status = Status::Closing;
+                }
+            }
+        }
+    }
+
+    fn on_send(&self, st: &mut State, c: &WorkCompletion) {
+        let k = wrid::key(c.wr_id);
+        let seq = wrid::seq(c.wr_id);
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if ep.qpn != c.qp_num.0 {
+            return;
+        }
+        // On an RC queue pair completions are in order: everything up to `seq` is done.
+        while let Some((s, _)) = ep.inflight.front() {
+            let s = *s;
+            if rdmx_core::header::seq_after(s, seq) {
+                break;
+            }
+            let Some((s, hold)) = ep.inflight.pop_front() else {
+                break;
+            };
+            if let Hold::Op(buf) = hold {
+                let status = if s == seq {
+                    c.status
+                } else {
+                    WcStatus::Success
+                };
+                ep.ops_done.push(OpResult {
+                    seq: s,
+                    status,
+                    buf,
+                });
+            }
+        }
+        if c.status != WcStatus::Success {
+            let cause = match c.status {
+                WcStatus::RetryExcErr => {
+                    DisconnectCause::PeerUnreachable("transport retries exhausted".into())
+                }
+                WcStatus::RnrRetryExcErr => {
+                    DisconnectCause::PeerUnreachable("receiver not ready, retries exhausted".into())
+                }
+                WcStatus::RemAccessErr if c.opcode == WcOpcode::RdmaWrite => {
+                    // A one-sided write the application asked for: reported to the caller,
+                    // but the QP is in the error state now, so the endpoint is down too.
+                    DisconnectCause::TransportError("remote access error".into())
+                }
+                s => DisconnectCause::TransportError(format!("{s:?}")),
+            };
+            if c.status != WcStatus::WrFlushErr || ep.is_open() {
+                self.fail(st, k, cause);
+            }
+        }
+    }
+
+    fn on_read(&self, st: &mut State, c: &WorkCompletion) {
+        let k = wrid::key(c.wr_id);
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if ep.qpn != c.qp_num.0 {
+            return;
+        }
+        // Reads complete in the order they were posted: the first posted, unfinished one.
+        let entry = ep.inbox.iter_mut().find(|i| {
+            matches!(
+                i,
+                Inbound::Rndv {
+                    posted: true,
+                    done: false,
+                    ..
+                }
+            )
+        });
+        if let Some(Inbound::Rndv { done, .. }) = entry {
+            *done = true;
+        }
+        ep.inflight.retain(|(s, _)| *s != wrid::seq(c.wr_id));
+        if c.status == WcStatus::Success {
+            ep.rndv_in_done = ep.rndv_in_done.wrapping_add(1);
+            if !st.dirty.contains(&k) {
+                st.dirty.push(k);
+            }
+        } else if c.status != WcStatus::WrFlushErr {
+            self.fail(
+                st,
+                k,
+                DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
+            );
+        }
+    }
+
+    /// Applies cumulative counters from the peer (piggybacked or from the mailbox).
+    fn apply_peer_counters(&self, st: &mut State, k: usize, m: Mailbox) {
+        let ep = &mut st.eps[k];
+        ep.send.update(m.grant);
+        while rdmx_core::header::seq_after(m.rndv_done, ep.rndv_out_done) {
+            if ep.rndv_out.pop_front().is_none() {
+                break;
+            }
+            ep.rndv_out_done = ep.rndv_out_done.wrapping_add(1);
+        }
+        if ep.rndv_out.is_empty() {
+            st.rndv_watch.retain(|&x| x != k);
+        }
+    }
+
+    /// Reads the mailbox slot of one endpoint and applies it.
+    pub(crate) fn read_mailbox(&self, st: &mut State, k: usize) {
+        let Some(ep) = st.eps.get(k) else { return };
+        let mut b = [0u8; MAILBOX_LEN];
+        if self.mailbox.read(ep.mailbox_off, &mut b).is_err() {
+            return;
+        }
+        let m = Mailbox::from_word(u64::from_be_bytes(b));
+        if m != ep.mailbox_seen {
+            st.eps[k].mailbox_seen = m;
+            self.apply_peer_counters(st, k, m);
+        }
+    }
+
+    fn check_mailboxes(&self, st: &mut State) {
+        let watch = std::mem::take(&mut st.rndv_watch);
+        for &k in &watch {
+            self.read_mailbox(st, k);
+        }
+        for k in watch {
+            if st.eps.get(k).is_some_and(|e| !e.rndv_out.is_empty()) && !st.rndv_watch.contains(&k)
+            {
+                st.rndv_watch.push(k);
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------- receive buffers
+
+    /// Puts a receive buffer back on the shared receive queue (or back in the pool when the
+    /// queue is full).
+    pub(crate) fn repost(&self, st: &mut State, buf: Buf) {
+        if st.budget.posted >= u64::from(self.cfg.srq_depth) {
+            return;
+        }
+        let sge = buf.sge_at(0, buf.capacity());
+        let slot = st.recv_slots.insert(buf);
+        let wr = RecvWr::new(wrid::make(wrid::RECV, slot, 0), std::slice::from_ref(&sge));
+        match self.srq.post_recv(&wr) {
+            Ok(()) => {
+                st.budget.on_post(1);
+                st.stats.recv_posted += 1;
+            }
+            Err(e) => {
+                tracing::warn!("posting a receive buffer failed: {e}");
+                st.recv_slots.remove(slot);
+            }
+        }
+    }
+
+    /// An eager message buffer came back from the application.
+    pub(crate) fn recycle(&self, st: &mut State, buf: Buf) {
+        st.held = st.held.saturating_sub(1);
+        self.repost(st, buf);
+    }
+
+    /// Keeps the shared receive queue full from the pool, as long as the application does not
+    /// hold more than a queue's worth of buffers (beyond that, senders wait for credits).
+    fn refill(&self, st: &mut State) {
+        let depth = u64::from(self.cfg.srq_depth);
+        while st.budget.posted < depth && st.budget.posted + st.held < 2 * depth {
+            match self.pool.try_alloc(self.cfg.recv_buf_size()) {
+                Ok(b) => {
+                    let before = st.budget.posted;
+                    self.repost(st, b);
+                    if st.budget.posted == before {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn mark_needy(&self, st: &mut State, k: usize) {
+        if let Some(ep) = st.eps.get_mut(k)
+            && !ep.in_needy
+        {
+            ep.in_needy = true;
+            st.needy.push_back(k);
+        }
+    }
+
+    /// Hands spare posted buffers to endpoints below their target window.
+    fn distribute(&self, st: &mut State) {
+        let mut rounds = st.needy.len();
+        while st.budget.spare() > 0 && rounds > 0 {
+            rounds -= 1;
+            let Some(k) = st.needy.pop_front() else { break };
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            if !ep.is_open() && ep.status != Status::Closing {
+                ep.in_needy = false;
+                continue;
+            }
+            let target = st.budget.target();
+            while ep.recv.outstanding() < target && st.budget.spare() > 0 {
+                st.budget.grant(&mut ep.recv);
+            }
+            let told = ep.recv.advertised.wrapping_sub(ep.recv.received);
+            if ep.recv.unadvertised() > 0 && told <= target / 2 && !st.dirty.contains(&k) {
+                st.dirty.push(k);
+            }
+            if ep.recv.outstanding() < target {
+                st.needy.push_back(k);
+            } else {
+                ep.in_needy = false;
+            }
+        }
+    }
+
+    /// Writes pending grants and rendezvous-done counts into peers' mailboxes.
+    fn flush_mailboxes(&self, st: &mut State) {
+        let dirty = std::mem::take(&mut st.dirty);
+        for k in dirty {
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            if !matches!(ep.status, Status::Open | Status::Closing) {
+                continue;
+            }
+            if ep.recv.unadvertised() == 0 && ep.rndv_in_done == ep.rndv_in_adv {
+                continue;
+            }
+            if ep.sq_used() + 1 >= ep.sq_depth {
+                st.dirty.push(k);
+                continue;
+            }
+            let m = Mailbox {
+                grant: ep.recv.advertise(),
+                rndv_done: ep.rndv_in_done,
+            };
+            ep.rndv_in_adv = ep.rndv_in_done;
+            let bytes = m.to_word().to_be_bytes();
+            let (addr, rkey) = ep.peer_mailbox;
+            let op = WrOpcode::RdmaWrite {
+                remote_addr: addr,
+                rkey: rdmx_verbs::Rkey(rkey),
+            };
+            if let Err(e) = post_on(ep, op, PostData::Inline(&bytes), Hold::None, false) {
+                tracing::debug!("mailbox write failed: {e}");
+                continue;
+            }
+            st.stats.mailbox_writes += 1;
+        }
+    }
+
+    /// Allocates destinations for waiting rendezvous requests and posts their reads, in order.
+    fn post_deferred_reads(&self, st: &mut State) {
+        if st.rndv_wait.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut st.rndv_wait);
+        for k in waiting {
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            let mut blocked = false;
+            for entry in ep.inbox.iter_mut() {
+                let Inbound::Rndv {
+                    len,
+                    rts,
+                    dest,
+                    posted,
+                    ..
+                } = entry
+                else {
+                    continue;
+                };
+                if *posted {
+                    continue;
+                }
+                if ep.inflight.len() as u32 + 1 >= ep.sq_depth {
+                    blocked = true;
+                    break;
+                }
+                if dest.is_none() {
+                    match self.pool.try_alloc(*len as usize) {
+                        Ok(b) => *dest = Some(b),
+                        Err(_) => {
+                            blocked = true;
+                            break;
+                        }
+                    }
+                }
+                let Some(d) = dest.as_ref() else { break };
+                let sge = d.sge();
+                let seq = ep.next_seq;
+                ep.next_seq = ep.next_seq.wrapping_add(1);
+                let wr = SendWr::new(
+                    wrid::make(wrid::READ, k, seq),
+                    WrOpcode::RdmaRead {
+                        remote_addr: rts.addr,
+                        rkey: rdmx_verbs::Rkey(rts.rkey),
+                    },
+                    std::slice::from_ref(&sge),
+                )
+                .signaled();
+                match ep.qp.post_send(&wr) {
+                    Ok(()) => {
+                        ep.inflight.push_back((seq, Hold::None));
+                        *posted = true;
+                    }
+                    Err(e) => {
+                        tracing::debug!("posting a rendezvous read failed: {e}");
+                        blocked = true;
+                        break;
+                    }
+                }
+            }
+            if blocked {
+                st.rndv_wait.push(k);
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------- endpoint life
+
+    /// Takes an endpoint down: its queue pair goes to the error state (flushing what is
+    /// posted), the application is told.
+    pub(crate) fn fail(&self, st: &mut State, k: usize, cause: DisconnectCause) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if matches!(ep.status, Status::Down(_)) {
+            return;
+        }
+        tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
+        ep.status = Status::Down(cause.clone());
+        let _ = ep.qp.modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        );
+        // Operations still waiting get an error now.
+        for (s, hold) in ep.inflight.drain(..) {
+            if let Hold::Op(buf) = hold {
+                ep.ops_done.push(OpResult {
+                    seq: s,
+                    status: WcStatus::WrFlushErr,
+                    buf,
+                });
+            }
+        }
+        // The peer can no longer read our rendezvous buffers (the QP is in error).
+        ep.rndv_out.clear();
+        st.rndv_watch.retain(|&x| x != k);
+        st.events.push_back(Event::Disconnected {
+            endpoint: ep.id,
+            cause,
+        });
+        self.cond.notify_all();
+    }
+
+    /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
+    /// down and whose handle is gone.
+    fn reap(&self, st: &mut State) {
+        let mut remove = Vec::new();
+        for (k, ep) in st.eps.iter_mut() {
+            if ep.status == Status::Closing
+                && !ep.close_sent
+                && ep.drained()
+                && ep.send.available() > 0
+            {
+                let h = Header {
+                    kind: Kind::Close,
+                    grant: ep.recv.advertise(),
+                    rndv_done: ep.rndv_in_done,
+                    len: 0,
+                };
+                ep.rndv_in_adv = ep.rndv_in_done;
+                ep.send.take();
+                if post_on(
+                    ep,
+                    WrOpcode::Send,
+                    PostData::Inline(&h.to_bytes()),
+                    Hold::None,
+                    true,
+                )
+                .is_ok()
+                {
+                    ep.close_sent = true;
+                }
+            }
+            if ep.status == Status::Closing
+                && ep.close_sent
+                && ep.peer_closed
+                && ep.inflight.is_empty()
+            {
+                ep.status = Status::Down(DisconnectCause::PeerClosed);
+                st.events.push_back(Event::Disconnected {
+                    endpoint: ep.id,
+                    cause: DisconnectCause::PeerClosed,
+                });
+            }
+            if ep.detached && matches!(ep.status, Status::Down(_)) {
+                remove.push(k);
+            }
+        }
+        for k in remove {
+            self.remove(st, k);
+        }
+    }
+
+    /// Destroys an endpoint's queue pair and frees its credits and buffers.
+    pub(crate) fn remove(&self, st: &mut State, k: usize) {
+        let Some(ep) = st.eps.try_remove(k) else {
+            return;
+        };
+        st.by_qpn.remove(&ep.qpn);
+        st.budget.remove_endpoint(&ep.recv);
+        st.needy.retain(|&x| x != k);
+        st.dirty.retain(|&x| x != k);
+        st.rndv_watch.retain(|&x| x != k);
+        st.rndv_wait.retain(|&x| x != k);
+        let _ = self.mailbox.write_u64(ep.mailbox_off, 0);
+        // Eager buffers still queued go back to the receive queue.
+        let mut ep = ep;
+        for i in ep.inbox.drain(..) {
+            if let Inbound::Msg {
+                buf, eager: true, ..
+            } = i
+            {
+                st.held = st.held.saturating_sub(1);
+                self.repost(st, buf);
+            }
+        }
+        // Dropping the queue pair destroys it; the verbs layer guarantees the NIC no longer
+        // touches the buffers held by its work requests once that returns.
+        drop(ep);
+    }
+
+    // ----------------------------------------------------------------- sending
+
+    /// Sends one message on endpoint `k` if a credit and a send slot are free now.
+    /// `Ok(None)` means "would block" (and gives the payload back).
+    pub(crate) fn try_send<'a>(
+        &self,
+        st: &mut State,
+        k: usize,
+        payload: Payload<'a>,
+    ) -> Result<Option<Payload<'a>>> {
+        let len = payload.len();
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        };
+        if let Some(c) = ep.down_cause() {
+            return Err(Error::Disconnected(c));
+        }
+        if ep.status != Status::Open {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        }
+        let max = self.cfg.max_message.min(ep.peer_max_message);
+        if len > max {
+            return Err(Error::MessageTooLarge { len, max });
+        }
+        if ep.send.available() == 0 {
+            self.read_mailbox(st, k);
+        }
+        let ep = &mut st.eps[k];
+        if ep.send.available() == 0 || ep.sq_used() + 2 >= ep.sq_depth {
+            st.stats.credit_waits += 1;
+            return Ok(Some(payload));
+        }
+        let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
+        let mut hdr = Header {
+            kind: Kind::Data,
+            grant: 0,
+            rndv_done: ep.rndv_in_done,
+            len: len as u32,
+        };
+        if len <= self.inline_max {
+            hdr.grant = ep.recv.advertise();
+            ep.rndv_in_adv = ep.rndv_in_done;
+            let mut frame = [0u8; HEADER_LEN + 4096];
+            hdr.write(&mut frame);
+            let data: &[u8] = match &payload {
+                Payload::Bytes(b) => b,
+                Payload::Buf(b) => b,
+            };
+            frame[HEADER_LEN..HEADER_LEN + len].copy_from_slice(data);
+            ep.send.take();
+            post_on(
+                ep,
+                WrOpcode::Send,
+                PostData::Inline(&frame[..HEADER_LEN + len]),
+                Hold::None,
+                false,
+            )?;
+            st.stats.sent_inline += 1;
+            tracing::trace!(
+                endpoint = ep.id,
+                len,
+                "send: inline (payload copied into the work request)"
+            );
+            return Ok(None);
+        }
+        if len < eager_limit {
+            let mut b = match self.pool.try_alloc(HEADER_LEN + len) {
+                Ok(b) => b,
+                Err(Error::WouldBlock) => return Ok(Some(payload)),
+                Err(e) => return Err(e),
+            };
+            hdr.grant = ep.recv.advertise();
+            ep.rndv_in_adv = ep.rndv_in_done;
+            hdr.write(&mut b);
+            let data: &[u8] = match &payload {
+                Payload::Bytes(d) => d,
+                Payload::Buf(d) => d,
+            };
+            b[HEADER_LEN..].copy_from_slice(data);
+            ep.send.take();
+            post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+            st.stats.sent_eager += 1;
+            tracing::trace!(
+                endpoint = ep.id,
+                len,
+                "send: eager (copied into a pooled registered buffer)"
+            );
+            return Ok(None);
+        }
+        // Rendezvous: the peer reads the buffer, then reports it done.
+        let src = match payload {
+            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => b,
+            other => {
+                let data: &[u8] = match &other {
+                    Payload::Bytes(d) => d,
+                    Payload::Buf(d) => d,
+                };
+                match self.pool.try_alloc(len) {
+                    Ok(mut b) => {
+                        b.copy_from_slice(data);
+                        b
+                    }
+                    Err(Error::WouldBlock) => return Ok(Some(other)),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        hdr.kind = Kind::Rts;
+        hdr.grant = ep.recv.advertise();
+        ep.rndv_in_adv = ep.rndv_in_done;
+        let mut frame = [0u8; RTS_LEN];
+        hdr.write(&mut frame);
+        RtsInfo {
+            addr: src.addr(),
+            rkey: src.rkey().0,
+        }
+        .write(&mut frame);
+        ep.send.take();
+        post_on(
+            ep,
+            WrOpcode::Send,
+            PostData::Inline(&frame),
+            Hold::None,
+            false,
+        )?;
+        ep.rndv_out.push_back(src);
+        if !st.rndv_watch.contains(&k) {
+            st.rndv_watch.push(k);
+        }
+        st.stats.sent_rndv += 1;
+        tracing::trace!(
+            endpoint = st.eps[k].id,
+            len,
+            "send: rendezvous (the peer RDMA-reads the buffer)"
+        );
+        Ok(None)
+    }
+
+    /// Posts a one-sided operation; returns its sequence number, or `None` when the send
+    /// queue is full.
+    pub(crate) fn post_op(
+        &self,
+        st: &mut State,
+        k: usize,
+        op: WrOpcode,
+        local: Option<Buf>,
+    ) -> Result<std::result::Result<u32, Option<Buf>>> {
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        };
+        if let Some(c) = ep.down_cause() {
+            return Err(Error::Disconnected(c));
+        }
+        if ep.sq_used() + 2 >= ep.sq_depth {
+            return Ok(Err(local));
+        }
+        let seq = ep.next_seq;
+        let data = if local.is_some() {
+            PostData::Buf
+        } else {
+            PostData::Inline(&[])
+        };
+        post_on(ep, op, data, Hold::Op(local), true)?;
+        Ok(Ok(seq))
+    }
+}
+
+/// Where a posted work request's data comes from.
+pub(crate) enum PostData<'a> {
+    /// Copied into the work request.
+    Inline(&'a [u8]),
+    /// The buffer in the `Hold` (its first `len()` bytes).
+    Buf,
+}
+
+/// Posts one send work request on `ep`, numbering it and keeping what it holds until it
+/// completes. Signals when asked, when it holds something, or every `SIGNAL_EVERY` requests.
+pub(crate) fn post_on(
+    ep: &mut Ep,
+    op: WrOpcode,
+    data: PostData<'_>,
+    hold: Hold,
+    signal: bool,
+) -> Result<()> {
+    let seq = ep.next_seq;
+    let signal = signal
+        || !matches!(hold, Hold::None)
+        || ep.unsignaled + 1 >= SIGNAL_EVERY
+        || ep.sq_used() + 1 >= ep.sq_depth / 2;
+    let sge;
+    let mut wr = match (&data, &hold) {
+        (PostData::Inline(bytes), _) => {
+            let mut wr = SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]);
+            wr.inline_data = Some(*bytes);
+            wr.send_flags |= SendFlags::INLINE;
+            wr
+        }
+        (PostData::Buf, Hold::Buf(b) | Hold::Op(Some(b))) => {
+            sge = b.sge();
+            SendWr::new(
+                wrid::make(wrid::SEND, 0, seq),
+                op,
+                std::slice::from_ref(&sge),
+            )
+        }
+        (PostData::Buf, _) => SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]),
+    };
+    wr.wr_id = wrid::make(wrid::SEND, ep.key, seq);
+    if signal {
+        wr.send_flags |= SendFlags::SIGNALED;
+    }
+    ep.qp.post_send(&wr)?;
+    ep.next_seq = seq.wrapping_add(1);
+    ep.unsignaled = if signal { 0 } else { ep.unsignaled + 1 };
+    ep.inflight.push_back((seq, hold));
+    Ok(())
+}
