@@ -1,16 +1,30 @@
 //! # rdmx
 //!
 //! A messaging middleware for RDMA networks. This facade crate re-exports the public API of the
-//! workspace crates. Today that is the verbs layer ([`verbs`]): devices, protection domains,
-//! memory regions, completion queues and queue pairs, running on the built-in soft provider (a
-//! userspace RoCEv2 NIC over UDP) or, later, on real hardware through libibverbs.
+//! workspace crates:
+//!
+//! * the message layer at the top level: [`Context`] (device, shared receive queue, buffer
+//!   pool, progress), [`Endpoint`] (ordered, exactly-once, flow-controlled messages and
+//!   one-sided operations), [`Message`], [`Buf`], [`Event`], [`Error`];
+//! * [`core`]: configuration, buffer pool, wire header, credits, bootstrap;
+//! * [`verbs`]: devices, protection domains, memory regions, completion queues and queue
+//!   pairs, on the built-in soft provider (a userspace RoCEv2 NIC over UDP) or, with the
+//!   `ibverbs` feature, real hardware through libibverbs.
 //!
 //! ```no_run
-//! use rdmx::verbs::Device;
-//! let devices = Device::list().expect("list devices");
-//! let ctx = devices[0].context().expect("open device");
-//! println!("{:?}", ctx.query_device());
+//! let ctx = rdmx::Context::builder().build()?;
+//! let listener = ctx.listen("127.0.0.1:7000")?;
+//! let ep = listener.accept()?;
+//! let msg = ep.recv()?;
+//! ep.send(&msg)?;
+//! # Ok::<(), rdmx::Error>(())
 //! ```
 #![forbid(unsafe_code)]
 
+pub use rdmx_core as core;
+pub use rdmx_core::bootstrap::TransportKind as Transport;
+pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, Result};
+pub use rdmx_rc::{
+    Context, ContextBuilder, Endpoint, Listener, LocalRegion, Message, RemoteRegion, Stats,
+};
 pub use rdmx_verbs as verbs;

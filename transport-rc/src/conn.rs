@@ -168,6 +168,7 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
         sq_depth: sq_depth(sh),
         unsignaled: 0,
         inflight: VecDeque::new(),
+        signaled_out: 0,
         ops_done: Vec::new(),
         rndv_out: VecDeque::new(),
         rndv_out_done: 0,
@@ -302,7 +303,7 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
         if !matches!(ep.status, Status::Open | Status::Closing) {
             continue;
         }
-        if now.duration_since(ep.last_rx) < half || !ep.inflight.is_empty() {
+        if now.duration_since(ep.last_rx) < half || ep.signaled_out > 0 {
             continue;
         }
         if ep

@@ -92,6 +92,8 @@ pub(crate) struct Ep {
     pub(crate) sq_depth: u32,
     pub(crate) unsignaled: u32,
     pub(crate) inflight: VecDeque<(u32, Hold)>,
+    /// Signaled work requests not yet completed (each gives exactly one completion).
+    pub(crate) signaled_out: u32,
     pub(crate) ops_done: Vec<OpResult>,
 
     // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
@@ -116,9 +118,10 @@ impl Ep {
         self.inflight.len() as u32
     }
 
-    /// True when nothing we sent is still in flight (completions and rendezvous reads).
+    /// True when the peer has finished reading every rendezvous buffer we offered (so a
+    /// Close may follow).
     pub(crate) fn drained(&self) -> bool {
-        self.inflight.is_empty() && self.rndv_out.is_empty()
+        self.rndv_out.is_empty()
     }
 
     /// The front message is deliverable.

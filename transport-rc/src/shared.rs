@@ -305,6 +305,7 @@ impl Shared {
         if ep.qpn != c.qp_num.0 {
             return;
         }
+        ep.signaled_out = ep.signaled_out.saturating_sub(1);
         // On an RC queue pair completions are in order: everything up to `seq` is done.
         while let Some((s, _)) = ep.inflight.front() {
             let s = *s;
@@ -354,6 +355,7 @@ impl Shared {
         if ep.qpn != c.qp_num.0 {
             return;
         }
+        ep.signaled_out = ep.signaled_out.saturating_sub(1);
         // Reads complete in the order they were posted: the first posted, unfinished one.
         let entry = ep.inbox.iter_mut().find(|i| {
             matches!(
@@ -600,6 +602,7 @@ impl Shared {
                 match ep.qp.post_send(&wr) {
                     Ok(()) => {
                         ep.inflight.push_back((seq, Hold::None));
+                        ep.signaled_out += 1;
                         *posted = true;
                     }
                     Err(e) => {
@@ -633,6 +636,7 @@ impl Shared {
             },
             QpAttrMask::STATE,
         );
+        ep.signaled_out = 0;
         // Operations still waiting get an error now.
         for (s, hold) in ep.inflight.drain(..) {
             if let Hold::Op(buf) = hold {
@@ -686,7 +690,7 @@ impl Shared {
             if ep.status == Status::Closing
                 && ep.close_sent
                 && ep.peer_closed
-                && ep.inflight.is_empty()
+                && ep.signaled_out == 0
             {
                 ep.status = Status::Down(DisconnectCause::PeerClosed);
                 st.events.push_back(Event::Disconnected {
@@ -946,5 +950,8 @@ pub(crate) fn post_on(
     ep.next_seq = seq.wrapping_add(1);
     ep.unsignaled = if signal { 0 } else { ep.unsignaled + 1 };
     ep.inflight.push_back((seq, hold));
+    if signal {
+        ep.signaled_out += 1;
+    }
     Ok(())
 }

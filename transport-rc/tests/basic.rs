@@ -1,0 +1,133 @@
+//! Endpoint behaviour over loopback, within one process.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use rdmx_core::{DisconnectCause, Error};
+use rdmx_rc::{Context, Endpoint};
+
+fn pair_with(b: impl Fn() -> rdmx_rc::ContextBuilder) -> (Context, Endpoint, Context, Endpoint) {
+    let server = b().build().expect("server context");
+    let listener = server.listen("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || listener.accept().expect("accept"));
+    let client = b().build().expect("client context");
+    let cep = client.connect(addr).expect("connect");
+    let sep = t.join().expect("accept thread");
+    (client, cep, server, sep)
+}
+
+fn pair() -> (Context, Endpoint, Context, Endpoint) {
+    pair_with(|| Context::builder().pool_max(128 << 20))
+}
+
+#[test]
+fn ping_pong_all_sizes() {
+    let (_c, cep, _s, sep) = pair();
+    let sizes = [
+        0usize,
+        1,
+        8,
+        100,
+        188,
+        189,
+        1000,
+        8191,
+        8192,
+        8193,
+        100_000,
+        1 << 20,
+        3 << 20,
+    ];
+    let echo = std::thread::spawn(move || {
+        for _ in 0..sizes.len() {
+            let m = sep.recv().expect("server recv");
+            sep.send(&m).expect("echo");
+        }
+        sep
+    });
+    for &n in &sizes {
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+        cep.send(&data).expect("send");
+        let m = cep.recv_timeout(Duration::from_secs(10)).expect("recv");
+        assert_eq!(m.len(), n);
+        assert!(m[..] == data[..], "payload of {n} bytes corrupted");
+    }
+    let _sep = echo.join().unwrap();
+}
+
+#[test]
+fn one_way_stream_in_order() {
+    let (c, cep, s, sep) = pair();
+    let n = 5000u32;
+    let rx = std::thread::spawn(move || {
+        for i in 0..n {
+            let m = sep.recv_timeout(Duration::from_secs(10)).expect("recv");
+            let len = (i as usize * 37) % 20_000;
+            assert_eq!(m.len(), len + 4, "message {i}");
+            assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
+        }
+        sep
+    });
+    for i in 0..n {
+        let len = (i as usize * 37) % 20_000;
+        let mut v = i.to_le_bytes().to_vec();
+        v.resize(len + 4, i as u8);
+        cep.send(&v).expect("send");
+    }
+    let _sep = rx.join().unwrap();
+    let st = c.stats();
+    assert!(
+        st.sent_inline > 0 && st.sent_eager > 0 && st.sent_rndv > 0,
+        "{st:?}"
+    );
+    assert_eq!(
+        s.device_counters().rnr_naks_sent,
+        0,
+        "a receiver issued an RNR NAK"
+    );
+}
+
+#[test]
+fn close_is_orderly() {
+    let (_c, cep, _s, sep) = pair();
+    for i in 0..100u32 {
+        cep.send(&i.to_le_bytes()).unwrap();
+    }
+    let closer = std::thread::spawn(move || cep.close());
+    for i in 0..100u32 {
+        let m = sep
+            .recv_timeout(Duration::from_secs(5))
+            .expect("message before close");
+        assert_eq!(m[..], i.to_le_bytes());
+    }
+    match sep.recv_timeout(Duration::from_secs(5)) {
+        Err(Error::Disconnected(DisconnectCause::PeerClosed)) => {}
+        other => panic!("expected an orderly disconnect, got {other:?}"),
+    }
+    closer.join().unwrap().expect("close");
+}
+
+#[test]
+fn try_recv_would_block_and_one_sided() {
+    let (c, cep, s, sep) = pair();
+    assert!(matches!(cep.try_recv(), Err(Error::WouldBlock)));
+    let region = s.register(4096).unwrap();
+    region.memory().write(100, b"remote bytes").unwrap();
+    sep.send(&region.remote().to_bytes()).unwrap();
+    let m = cep.recv_timeout(Duration::from_secs(5)).unwrap();
+    let remote = rdmx_rc::RemoteRegion::from_bytes(&m).unwrap();
+    let got = cep.read(&remote, 100, 12).unwrap();
+    assert_eq!(&got[..], b"remote bytes");
+    cep.write(&remote, 0, b"written").unwrap();
+    assert_eq!(region.memory().to_vec(0, 7).unwrap(), b"written");
+    region.memory().write_u64(512, 5).unwrap();
+    assert_eq!(cep.fetch_add(&remote, 512, 3).unwrap(), 5);
+    assert_eq!(cep.compare_swap(&remote, 512, 8, 1).unwrap(), 8);
+    assert_eq!(region.memory().read_u64(512).unwrap(), 1);
+    assert!(matches!(
+        cep.write(&remote, 4090, b"too long"),
+        Err(Error::InvalidArgument(_))
+    ));
+    drop(c);
+}
