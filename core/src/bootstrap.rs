@@ -1113,7 +1113,7 @@ mod tests {
 
     #[test]
     fn each_rule_is_enforced() {
-        let broken: [(&str, EndpointInfo); 11] = [
+        let broken: [(&str, EndpointInfo); 10] = [
             (
                 "qpn",
                 EndpointInfo {

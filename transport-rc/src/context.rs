@@ -13,7 +13,7 @@ use rdmx_core::bootstrap::{self, TransportKind};
 use rdmx_core::header::{HEADER_LEN, MAILBOX_LEN, RTS_LEN};
 use rdmx_core::pool::{BufferPool, PoolConfig, PoolStats};
 use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
-use rdmx_verbs::{AccessFlags, AsyncEvent, Device, NicCounters, SrqInitAttr};
+use rdmx_verbs::{AccessFlags, AsyncEvent, Device, DeviceOptions, NicCounters, SrqInitAttr};
 
 use crate::endpoint::Endpoint;
 use crate::shared::{Shared, State, Stats};
@@ -27,6 +27,7 @@ pub const MAX_ENDPOINTS: usize = 1 << 16;
 #[must_use]
 pub struct ContextBuilder {
     cfg: ConfigBuilder,
+    options: Option<DeviceOptions>,
 }
 
 macro_rules! forward {
@@ -86,6 +87,13 @@ impl ContextBuilder {
         connect_timeout: Duration
     );
 
+    /// Options for opening the device (soft provider: a fault-injection plan). Without them
+    /// the provider's own environment variables apply (`RDMX_FAULTS`).
+    pub fn device_options(mut self, options: DeviceOptions) -> Self {
+        self.options = Some(options);
+        self
+    }
+
     /// Opens the device and sets everything up.
     ///
     /// # Errors
@@ -93,7 +101,7 @@ impl ContextBuilder {
     /// cannot be created.
     pub fn build(self) -> Result<Context> {
         let cfg = self.cfg.resolve()?;
-        Context::with_config(cfg)
+        Context::open(cfg, self.options)
     }
 }
 
@@ -138,13 +146,20 @@ impl Context {
     /// # Errors
     /// As [`ContextBuilder::build`].
     pub fn with_config(cfg: Config) -> Result<Self> {
+        Self::open(cfg, None)
+    }
+
+    fn open(cfg: Config, options: Option<DeviceOptions>) -> Result<Self> {
         cfg.validate()?;
         if cfg.transport == TransportKind::Xrc {
             return Err(Error::Config(
                 "transport xrc is not available yet; use rc".into(),
             ));
         }
-        let vctx = Device::open(&cfg.device)?;
+        let vctx = match options {
+            Some(o) => Device::open_with(&cfg.device, o)?,
+            None => Device::open(&cfg.device)?,
+        };
         let dev = vctx.query_device();
         let pd = vctx.alloc_pd()?;
         let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);

@@ -1,0 +1,116 @@
+//! Helpers for the endpoint tests: child processes and message patterns.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process running one `#[ignore]`d test of this binary, killed when dropped.
+pub struct ChildProc {
+    pub child: Child,
+    pub lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ChildProc {
+    /// Starts `test` with `envs`; the child reports with lines on stdout.
+    pub fn spawn(test: &str, envs: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+        cmd.args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let out = child.stdout.take().expect("child stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines: rx }
+    }
+
+    /// Waits for a stdout line containing `prefix` and returns what follows it.
+    pub fn expect_line(&self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    // The test harness may have printed "test name ... " on the same line.
+                    if let Some(at) = l.find(prefix) {
+                        return l[at + prefix.len()..].trim().to_string();
+                    }
+                }
+                Err(e) => panic!("child never printed {prefix:?}: {e}"),
+            }
+        }
+    }
+
+    /// Waits for the child to exit successfully.
+    pub fn wait_ok(mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                assert!(st.success(), "child failed: {st}");
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "child did not finish in {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Size of message `i` in the mixed-size stream: mostly inline, some eager, a few
+/// rendezvous.
+pub fn mixed_size(i: u32) -> usize {
+    let r = (i.wrapping_mul(2_654_435_761) >> 8) as usize;
+    match i % 50 {
+        0 => 8192 + r % 40_000,   // rendezvous
+        1..=17 => 189 + r % 1900, // eager
+        _ => 4 + r % 184,         // inline (4-byte sequence number included)
+    }
+}
+
+/// Fills `buf` with the pattern of message `i` (sequence number first).
+pub fn fill(i: u32, buf: &mut [u8]) {
+    buf[..4].copy_from_slice(&i.to_le_bytes());
+    for (j, b) in buf[4..].iter_mut().enumerate() {
+        *b = (i as usize).wrapping_mul(31).wrapping_add(j) as u8;
+    }
+}
+
+/// Checks a received message against the pattern; returns its sequence number.
+pub fn check(buf: &[u8]) -> u32 {
+    assert!(buf.len() >= 4, "message of {} bytes", buf.len());
+    let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+    assert_eq!(buf.len(), mixed_size(i), "length of message {i}");
+    for (j, &b) in buf[4..].iter().enumerate() {
+        assert_eq!(
+            b,
+            (i as usize).wrapping_mul(31).wrapping_add(j) as u8,
+            "byte {j} of message {i}"
+        );
+    }
+    i
+}
