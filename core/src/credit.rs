@@ -197,7 +197,7 @@ mod tests {
         assert!(!s.take());
         assert!(s.update(2));
         assert!(!s.update(1), "an older grant never takes credits back");
-        assert_eq!(s.available(), 3);
+        assert_eq!(s.available(), 4);
     }
 
     /// The invariant under a random mix of arrivals, reposts and new endpoints.

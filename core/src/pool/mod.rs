@@ -179,8 +179,11 @@ impl BufferPool {
         };
         let size = st.classes[ci].size;
         if st.classes[ci].free.is_empty() {
-            let slots = (CHUNK_TARGET / size).clamp(1, MAX_SLOTS);
+            let slots = slots_for(size);
             let bytes = size * slots;
+            if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+                reclaim(&mut st);
+            }
             if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
                 st.stats.exhausted += 1;
                 return Err(Error::WouldBlock);
@@ -233,6 +236,9 @@ impl BufferPool {
         let sh = &self.shared;
         let bytes = len.next_multiple_of(4096);
         if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+            reclaim(&mut st);
+        }
+        if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
             st.stats.exhausted += 1;
             return Err(Error::WouldBlock);
         }
@@ -262,6 +268,39 @@ impl BufferPool {
             }
         }
     }
+}
+
+/// Slots per chunk of a class of `size` bytes.
+fn slots_for(size: usize) -> usize {
+    (CHUNK_TARGET / size).clamp(1, MAX_SLOTS)
+}
+
+/// Deregisters chunks whose slots are all free, so that memory one size class no longer
+/// uses can serve another (called when the pool is at its cap).
+fn reclaim(st: &mut State) {
+    let mut freed = 0usize;
+    let mut chunks = 0usize;
+    for class in &mut st.classes {
+        let per_chunk = slots_for(class.size);
+        let mut counts: std::collections::HashMap<*const Chunk, usize> =
+            std::collections::HashMap::new();
+        for (c, _) in &class.free {
+            *counts.entry(Arc::as_ptr(c)).or_default() += 1;
+        }
+        let idle: Vec<*const Chunk> = counts
+            .into_iter()
+            .filter(|&(_, n)| n == per_chunk)
+            .map(|(p, _)| p)
+            .collect();
+        if idle.is_empty() {
+            continue;
+        }
+        class.free.retain(|(c, _)| !idle.contains(&Arc::as_ptr(c)));
+        freed += idle.len() * per_chunk * class.size;
+        chunks += idle.len();
+    }
+    st.stats.registered_bytes = st.stats.registered_bytes.saturating_sub(freed);
+    st.stats.chunks = st.stats.chunks.saturating_sub(chunks);
 }
 
 impl Buf {
@@ -374,7 +413,7 @@ mod tests {
         drop(a);
         let b = p.try_alloc(200).unwrap();
         assert_eq!(b.addr(), addr, "a freed slot is reused first");
-        assert!(b.iter().all(|&x| x == 7));
+        assert!(b[..100].iter().all(|&x| x == 7), "the slot's old bytes are visible");
         let r = p.try_alloc(8200).unwrap();
         assert_eq!(r.capacity(), 8208, "the receive class");
         let big = p.try_alloc_from(&vec![3u8; 5 << 20]).unwrap();
@@ -420,6 +459,9 @@ mod tests {
             "a returned slot is usable again"
         );
         assert!(matches!(p.try_alloc(8 << 20), Err(Error::PoolCapacity(_))));
+        // Another class needs a chunk of its own, which only fits once memory is returned.
+        assert!(matches!(p.try_alloc(10), Err(Error::WouldBlock)));
+        held.clear();
         let mut b = p.try_alloc(10).unwrap();
         assert!(b.set_len(300).is_err());
         assert!(b.set_len(256).is_ok());
