@@ -1,5 +1,6 @@
-//! The `rdmx` command: lists RDMA devices (`rdmx devices`) and runs perftest-style verbs
-//! benchmarks between two processes (`rdmx perf`).
+//! The `rdmx` command: lists RDMA devices (`rdmx devices`) and runs perftest-style
+//! benchmarks between two processes (`rdmx perf`), of verbs-level queue pairs or of `rdmx`
+//! message endpoints (`--layer msg`).
 #![forbid(unsafe_code)]
 
 mod devices;

@@ -39,9 +39,17 @@ impl ClientConfig {
         let test = a.test.ok_or_else(|| {
             Error::msg("--test is required (send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw)")
         })?;
-        a.transport.check_test(test)?;
+        let test = test.verbs().ok_or_else(|| {
+            Error::msg(format!(
+                "--test {} is a message-layer test; add --layer msg (the verbs-level tests \
+                 are send_lat, write_lat, read_lat, atomic_lat, send_bw, write_bw, read_bw)",
+                test.name()
+            ))
+        })?;
+        let transport = a.transport.verbs()?;
+        transport.check_test(test)?;
         let mut sizes = if a.size.is_empty() {
-            match (test.is_lat(), a.transport) {
+            match (test.is_lat(), transport) {
                 (true, _) => vec![8],
                 (false, Transport::Rc) => vec![65536],
                 (false, Transport::Ud) => Vec::new(),
@@ -86,7 +94,7 @@ impl ClientConfig {
         }
         Ok(Self {
             test,
-            transport: a.transport,
+            transport,
             sizes,
             iters,
             warmup,
@@ -272,7 +280,7 @@ fn run_round(
 
 /// A child process that is killed and reaped when dropped.
 #[derive(Debug)]
-struct ChildGuard {
+pub(crate) struct ChildGuard {
     child: Option<Child>,
 }
 
@@ -347,7 +355,27 @@ impl Drop for ChildGuard {
 
 /// `--local`: starts `rdmx perf --server --once` as a child and runs against it.
 pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
+    check_local_device(cfg.device.as_deref())?;
+    // Open our side first: a bad device name or size is reported once, before anything
+    // starts.
+    let ctx = super::open_device(cfg.device.as_deref())?;
+    let cfg = &cfg.check_device(&ctx)?;
+    let mut extra = Vec::new();
     if let Some(d) = &cfg.device {
+        extra.extend(["--device", d.as_str()]);
+    }
+    if cfg.busy_poll {
+        extra.push("--busy-poll");
+    }
+    let (mut guard, port) = spawn_local_server(&extra)?;
+    let result = run_with(&ctx, cfg, &format!("127.0.0.1:{port}"));
+    finish_local(&mut guard, result)
+}
+
+/// `--local` opens the device in two processes on this host, so it must not name a fixed
+/// UDP port.
+pub(crate) fn check_local_device(device: Option<&str>) -> Result<()> {
+    if let Some(d) = device {
         // Both sides open the device on this host: a fixed UDP port cannot be bound twice.
         if let Ok(addrs) = rdmx::verbs::soft::parse_name(d) {
             if addrs.iter().any(|a| a.port() != 0) {
@@ -359,10 +387,12 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
             }
         }
     }
-    // Open our side first: a bad device name or size is reported once, before anything
-    // starts.
-    let ctx = super::open_device(cfg.device.as_deref())?;
-    let cfg = &cfg.check_device(&ctx)?;
+    Ok(())
+}
+
+/// Starts `rdmx perf --server --once` on an ephemeral loopback port, with `extra` options,
+/// as a child process; returns it and the port it listens on.
+pub(crate) fn spawn_local_server(extra: &[&str]) -> Result<(ChildGuard, u16)> {
     let exe = std::env::current_exe().ctx("locating the rdmx executable")?;
     let mut cmd = Command::new(exe);
     cmd.args([
@@ -375,12 +405,7 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
         "--bind",
         "127.0.0.1",
     ]);
-    if let Some(d) = &cfg.device {
-        cmd.args(["--device", d]);
-    }
-    if cfg.busy_poll {
-        cmd.arg("--busy-poll");
-    }
+    cmd.args(extra);
     // RDMX_PCAP names one file per process; two processes writing it would interleave their
     // records. This client's capture already holds every frame of the connection (its
     // device records what it sends and what it receives), so the server does not capture.
@@ -391,7 +416,12 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
     let child = cmd.spawn().ctx("starting the local server")?;
     let mut guard = ChildGuard { child: Some(child) };
     let port = guard.read_port()?;
-    let result = run_with(&ctx, cfg, &format!("127.0.0.1:{port}"));
+    Ok((guard, port))
+}
+
+/// Ends a `--local` run: waits for the server to exit and combines its status with the
+/// client's `result` (the client's error wins).
+pub(crate) fn finish_local(guard: &mut ChildGuard, result: Result<()>) -> Result<()> {
     let status = guard.finish(Duration::from_secs(5));
     match (result, status) {
         (Err(e), _) => Err(e),

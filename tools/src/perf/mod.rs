@@ -1,17 +1,21 @@
-//! `rdmx perf`: a perftest-style verbs benchmark between two processes over RC or UD queue
-//! pairs.
+//! `rdmx perf`: a perftest-style benchmark between two processes: at the verbs level over RC
+//! or UD queue pairs (the default), or at the message level (`--layer msg`) over `rdmx`
+//! endpoints.
 //!
 //! * [`exchange`]: the TCP side channel (framed, versioned bincode messages);
 //! * [`spec`] / [`endpoint`]: per-test verbs resources, QP bring-up and completion polling;
 //! * [`lat`] / [`bw`]: the measurement loops of both sides;
 //! * [`server`] / [`client`]: the two roles (and `--local`, which runs both);
-//! * [`report`]: statistics, the table / JSON output and the progress line.
+//! * [`report`]: statistics, the table / JSON output and the progress line;
+//! * [`msg`]: the message-layer tests (`--layer msg`: lat, bw, rate), which reuse the
+//!   roles, `--local` and the output of the verbs tests.
 
 mod bw;
 mod client;
 mod endpoint;
 mod exchange;
 mod lat;
+mod msg;
 mod report;
 mod server;
 mod spec;
@@ -126,9 +130,111 @@ impl Transport {
     }
 }
 
+/// The layer `rdmx perf` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Layer {
+    /// Queue pairs and work requests (tests send_lat ... read_bw).
+    Verbs,
+    /// `rdmx` endpoints and messages (tests lat, bw, rate).
+    Msg,
+}
+
+/// The values of `--test`: the verbs-level tests and the message-level ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub(crate) enum TestArg {
+    /// Verbs: send/receive ping-pong; one-way latency (RTT/2).
+    SendLat,
+    /// Verbs: RDMA WRITE ping-pong; one-way latency (RTT/2).
+    WriteLat,
+    /// Verbs: RDMA READ round trips; latency is the full round trip.
+    ReadLat,
+    /// Verbs: atomic fetch-and-add round trips; latency is the full round trip.
+    AtomicLat,
+    /// Verbs: streaming sends.
+    SendBw,
+    /// Verbs: streaming RDMA WRITEs.
+    WriteBw,
+    /// Verbs: streaming RDMA READs.
+    ReadBw,
+    /// Messages (--layer msg): send/recv ping-pong; one-way latency (RTT/2).
+    Lat,
+    /// Messages (--layer msg): a stream of pooled buffers (send_buf; zero-copy rendezvous
+    /// when large), acknowledged at the end.
+    Bw,
+    /// Messages (--layer msg): a stream of small messages (send); messages per second.
+    Rate,
+}
+
+impl TestArg {
+    /// The verbs-level test, if this is one.
+    fn verbs(self) -> Option<TestKind> {
+        Some(match self {
+            Self::SendLat => TestKind::SendLat,
+            Self::WriteLat => TestKind::WriteLat,
+            Self::ReadLat => TestKind::ReadLat,
+            Self::AtomicLat => TestKind::AtomicLat,
+            Self::SendBw => TestKind::SendBw,
+            Self::WriteBw => TestKind::WriteBw,
+            Self::ReadBw => TestKind::ReadBw,
+            Self::Lat | Self::Bw | Self::Rate => return None,
+        })
+    }
+
+    /// The message-level test, if this is one.
+    fn msg(self) -> Option<msg::MsgTest> {
+        match self {
+            Self::Lat => Some(msg::MsgTest::Lat),
+            Self::Bw => Some(msg::MsgTest::Bw),
+            Self::Rate => Some(msg::MsgTest::Rate),
+            _ => None,
+        }
+    }
+
+    /// The name on the command line.
+    fn name(self) -> &'static str {
+        match (self.verbs(), self.msg()) {
+            (Some(t), _) => t.name(),
+            (None, Some(t)) => t.name(),
+            (None, None) => "?",
+        }
+    }
+}
+
+/// The values of `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TransportArg {
+    /// Reliable connected queue pairs (both layers).
+    Rc,
+    /// Unreliable datagram queue pairs (verbs layer: send_lat and send_bw only; messages up
+    /// to the MTU).
+    Ud,
+    /// XRC (message layer; not available yet).
+    Xrc,
+}
+
+impl TransportArg {
+    /// The verbs-level transport.
+    fn verbs(self) -> Result<Transport> {
+        match self {
+            Self::Rc => Ok(Transport::Rc),
+            Self::Ud => Ok(Transport::Ud),
+            Self::Xrc => Err(Error::msg(
+                "--transport xrc is not a verbs-level perf transport (use rc or ud); XRC \
+                 endpoints belong to the message layer (--layer msg), where they are not \
+                 available yet",
+            )),
+        }
+    }
+}
+
 /// Options of `rdmx perf`.
 #[derive(Debug, Args)]
 pub(crate) struct PerfArgs {
+    /// What to measure: verbs-level queue pairs, or `rdmx` message endpoints (lat, bw,
+    /// rate).
+    #[arg(long, value_enum, default_value_t = Layer::Verbs)]
+    layer: Layer,
     /// Run the server side: listen on TCP and serve test runs one after another.
     #[arg(long)]
     server: bool,
@@ -150,43 +256,46 @@ pub(crate) struct PerfArgs {
     /// Server: print the bound TCP port on stdout (first line) once listening.
     #[arg(long)]
     print_port: bool,
-    /// Test to run.
+    /// Test to run (verbs: send_lat ... read_bw; --layer msg: lat, bw, rate).
     #[arg(long, short = 't', value_enum)]
-    test: Option<TestKind>,
+    test: Option<TestArg>,
     /// Message size(s) in bytes (K/M/G suffixes allowed); repeat or comma-separate to run
-    /// several sizes [default: 8 for latency tests, 65536 for bandwidth tests].
+    /// several sizes [default: 8 for latency tests and rate, 65536 for bandwidth tests].
     #[arg(long, short = 's', value_delimiter = ',', value_parser = parse_size)]
     size: Vec<u64>,
-    /// Measured iterations per size [default: 1000 for latency tests, 5000 for bandwidth].
+    /// Measured iterations per size [default: 1000 for latency tests, 5000 for bandwidth,
+    /// 100000 for rate].
     #[arg(long, short = 'n', value_parser = parse_count)]
     iters: Option<u64>,
     /// Warm-up iterations, not measured [default: iters/10, at most 100].
     #[arg(long, value_parser = parse_count)]
     warmup: Option<u64>,
-    /// Bandwidth tests: work requests kept outstanding.
+    /// Verbs bandwidth tests: work requests kept outstanding.
     #[arg(long, default_value_t = 128)]
     tx_depth: u32,
-    /// send_bw: receives the server keeps posted. RC: the client is not flow-controlled;
+    /// Verbs send_bw: receives the server keeps posted. RC: the client is not flow-controlled;
     /// when they run out, the server's NIC answers with RNR NAKs and the client retries. UD:
     /// the client keeps at most --tx-depth messages beyond the server's last credit, and
     /// datagrams that find no receive are dropped (and reported).
     #[arg(long, default_value_t = 4096)]
     rx_depth: u32,
-    /// Sends and writes up to this size are posted inline.
+    /// Verbs tests: sends and writes up to this size are posted inline.
     #[arg(long, default_value_t = 64)]
     inline_size: u32,
-    /// Spin on the completion queue instead of sleeping on the completion channel.
+    /// Spin on the completion queue instead of sleeping on the completion channel (--layer
+    /// msg: blocking calls poll for up to a second before they sleep).
     #[arg(long)]
     busy_poll: bool,
     /// Print one JSON object per result line.
     #[arg(long)]
     json: bool,
-    /// RDMA device [default: $RDMX_DEVICE or the first listed device].
+    /// RDMA device [default: $RDMX_DEVICE, else the first listed device (verbs) or
+    /// soft:127.0.0.1 (--layer msg)].
     #[arg(long, short = 'd')]
     device: Option<String>,
     /// Transport.
-    #[arg(long, value_enum, default_value_t = Transport::Rc)]
-    transport: Transport,
+    #[arg(long, value_enum, default_value_t = TransportArg::Rc)]
+    transport: TransportArg,
 }
 
 /// Parses `4096`, `4K`, `64k`, `1M`, `1G` (binary multiples).
@@ -228,6 +337,9 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
         return Err(Error::msg(
             "give exactly one of --server, --connect HOST:PORT or --local",
         ));
+    }
+    if args.layer == Layer::Msg {
+        return msg::run(args);
     }
     if args.server {
         return server::run(&server::ServerConfig {

@@ -97,6 +97,23 @@ pub(crate) struct PerfResult {
     /// UD send_bw: messages sent (warm-up included) that the server never received.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ud_dropped: Option<u64>,
+    /// The layer measured: "msg" for the message-layer tests (absent for the verbs tests).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) layer: Option<&'static str>,
+    /// Message layer: how the client's data messages were sent ("inline", "eager",
+    /// "rendezvous", or "mixed").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) msg_protocol: Option<&'static str>,
+    /// Message layer: receive credits per endpoint (the messages a sender may have in flight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) credits: Option<u32>,
+    /// Message layer: the context's `credit_waits` counter over the round (warm-up
+    /// included): sends that found no credit or a full send queue (counted per attempt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) credit_waits: Option<u64>,
+    /// Message layer: how long blocking calls poll before they sleep, in microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) busy_poll_us: Option<u64>,
 }
 
 impl PerfResult {
@@ -135,6 +152,11 @@ impl PerfResult {
                 "write_imm"
             }),
             ud_dropped: None,
+            layer: None,
+            msg_protocol: None,
+            credits: None,
+            credit_waits: None,
+            busy_poll_us: None,
         }
     }
 
@@ -205,10 +227,14 @@ impl Printer {
                 (true, true) => "rtt",
                 (true, false) => "1-way",
             };
+            let name = match r.layer {
+                Some(layer) => format!("{layer}/{}", r.test),
+                None => r.test.to_string(),
+            };
             let _ = write!(
                 out,
                 "{:<11} {:>10} {:>10} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11.2} {:>12.0}",
-                r.test,
+                name,
                 r.size,
                 r.iters,
                 kind,

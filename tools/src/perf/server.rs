@@ -16,7 +16,7 @@ use crate::error::{Error, Result, ResultExt};
 
 /// With `--once`, give up when no client connects within this time (so that a server
 /// started by `--local` never outlives a client that died early).
-const ONCE_ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const ONCE_ACCEPT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Server options.
 #[derive(Debug, Clone)]
