@@ -15,13 +15,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A verbs call failed.
-    #[error("verbs: {0}")]
+    #[error(transparent)]
     Verbs(#[from] VerbsError),
     /// Posting a work request failed.
-    #[error("posting a work request: {0}")]
+    #[error(transparent)]
     Post(#[from] rdmx_verbs::PostError),
     /// The endpoint exchange over TCP failed.
-    #[error("bootstrap: {0}")]
+    #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
     /// A configuration value (builder or `RDMX_*` variable) is invalid.
     #[error("configuration: {0}")]

@@ -113,10 +113,10 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
+        // The background thread notices within one tick and exits on its own (joining it
+        // here would make every drop wait for the tick).
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(h) = self.bg.lock().take() {
-            let _ = h.join();
-        }
+        drop(self.bg.lock().take());
     }
 }
 
@@ -203,6 +203,7 @@ impl Context {
             context_id: random_u64(),
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),
+            sleepers: std::sync::atomic::AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             cfg,
         });
@@ -444,7 +445,12 @@ pub(crate) fn wait_until<T>(
                 if let Some(d) = deadline {
                     t = t.min(d.saturating_duration_since(now));
                 }
+                // Stop claiming the device's reception, so the soft provider's engine thread
+                // processes packets while we sleep.
+                sh.vctx.yield_polling();
+                sh.sleepers.fetch_add(1, Ordering::AcqRel);
                 sh.cond.wait_for(&mut st, t);
+                sh.sleepers.fetch_sub(1, Ordering::AcqRel);
                 sleep = (sleep * 2).min(Duration::from_millis(5));
                 continue;
             }
@@ -459,10 +465,14 @@ fn background(sh: &Shared) {
     let tick = (sh.cfg.peer_timeout / 4).min(Duration::from_millis(100));
     let mut next_keepalive = Instant::now() + tick;
     while !sh.stop.load(Ordering::Acquire) {
+        // Sleep on the completion channel (armed) when no application thread is polling, or
+        // when one is waiting for us to wake it; otherwise stay out of the way of the
+        // threads that are polling and only look in every 2 ms.
         let idle = sh
             .now_nanos()
             .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
-            > 2_000_000;
+            > 2_000_000
+            || sh.sleepers.load(Ordering::Acquire) > 0;
         if idle {
             sh.cq.req_notify(false);
         }

@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.
     pub(crate) last_app_poll: AtomicU64,
+    /// Application threads asleep in `wait_until` (the background thread wakes them).
+    pub(crate) sleepers: std::sync::atomic::AtomicUsize,
     pub(crate) stop: AtomicBool,
 }
 
@@ -753,7 +755,12 @@ impl Shared {
             return Err(Error::Disconnected(c));
         }
         if ep.status != Status::Open {
-            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+            let cause = if ep.peer_closed {
+                DisconnectCause::PeerClosed
+            } else {
+                DisconnectCause::LocalClose
+            };
+            return Err(Error::Disconnected(cause));
         }
         let max = self.cfg.max_message.min(ep.peer_max_message);
         if len > max {

@@ -131,3 +131,49 @@ fn try_recv_would_block_and_one_sided() {
     ));
     drop(c);
 }
+
+#[test]
+fn hostile_bootstrap_peers_get_clear_errors() {
+    use std::io::Write;
+    use std::time::Instant;
+    let ctx = Context::builder()
+        .connect_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let listener = ctx.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    // Garbage, a truncated frame, a wrong version, and a silent peer.
+    let bad: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        b"RDMX\x00\x01\x00\x00".to_vec(),
+        b"RDMX\x00\x63\x00\x00\x00\x04abcd".to_vec(),
+        Vec::new(),
+    ];
+    for bytes in bad {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        if !bytes.is_empty() {
+            s.write_all(&bytes).unwrap();
+        }
+        let start = Instant::now();
+        let err = listener.accept().expect_err("a hostile peer was accepted");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(matches!(err, Error::Bootstrap(_)), "{err}");
+        eprintln!("{:?} -> {err}", String::from_utf8_lossy(&bytes));
+    }
+    // The listener still works.
+    let t = std::thread::spawn(move || listener.accept().map(|_| ()));
+    let client = Context::builder().build().unwrap();
+    let ep = client.connect(addr).unwrap();
+    t.join().unwrap().unwrap();
+    drop(ep);
+    // A listener that never answers: connect gives up by its deadline.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let start = Instant::now();
+    let err = ctx.connect(silent.local_addr().unwrap()).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(err.to_string().to_lowercase().contains("time"), "{err}");
+}

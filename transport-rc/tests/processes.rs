@@ -78,7 +78,10 @@ fn exactly_once_under_loss() {
     assert_eq!(next, MESSAGES, "messages lost");
     let sent = child.expect_line("SENT", Duration::from_secs(10));
     child.wait_ok(Duration::from_secs(10));
-    let faults = ctx.verbs_context().fault_stats().expect("fault plan active");
+    let faults = ctx
+        .verbs_context()
+        .fault_stats()
+        .expect("fault plan active");
     let counters = ctx.device_counters();
     eprintln!(
         "{MESSAGES} messages in {:?}; child: {sent}; here: {faults:?}; rnr_naks_sent={}",

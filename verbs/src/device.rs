@@ -232,6 +232,14 @@ impl Context {
         self.dev().event_fd()
     }
 
+    /// Tells the provider that the calling thread stops polling completion queues for now
+    /// (it is about to sleep). A soft device hands socket reception back to its engine thread
+    /// at once instead of after the hand-off delay, so packets keep being processed while
+    /// nobody polls. Hardware needs no such hint (no-op).
+    pub fn yield_polling(&self) {
+        self.dev().release();
+    }
+
     /// Transport counters of a soft NIC (packets, drops by cause, NAKs, retransmits); zero
     /// for other providers.
     pub fn counters(&self) -> NicCounters {

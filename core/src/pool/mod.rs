@@ -413,7 +413,10 @@ mod tests {
         drop(a);
         let b = p.try_alloc(200).unwrap();
         assert_eq!(b.addr(), addr, "a freed slot is reused first");
-        assert!(b[..100].iter().all(|&x| x == 7), "the slot's old bytes are visible");
+        assert!(
+            b[..100].iter().all(|&x| x == 7),
+            "the slot's old bytes are visible"
+        );
         let r = p.try_alloc(8200).unwrap();
         assert_eq!(r.capacity(), 8208, "the receive class");
         let big = p.try_alloc_from(&vec![3u8; 5 << 20]).unwrap();

@@ -406,6 +406,9 @@ pub struct Nic {
     tx_ready: VecDeque<u32>,
     /// QPs that may hold a coalesced ACK (see [`Nic::flush_acks`]).
     held_acks: Vec<u32>,
+    /// Frames built for queue pairs that no longer exist (the last coalesced ACK of a
+    /// destroyed QP), sent before anything else.
+    outbox: VecDeque<(Transmit, Vec<u8>)>,
     /// QPs that may have a timer armed (pruned by `poll_timeout`).
     timed: Vec<u32>,
     next_pd: u32,
@@ -432,6 +435,7 @@ impl Nic {
             qps: HashMap::new(),
             tx_ready: VecDeque::new(),
             held_acks: Vec::new(),
+            outbox: VecDeque::new(),
             timed: Vec::new(),
             next_pd: 1,
             next_cq: 1,
@@ -624,9 +628,22 @@ impl Nic {
         Ok(Qpn(qpn))
     }
 
-    /// Destroys a queue pair; its outstanding work requests are discarded.
+    /// Destroys a queue pair; its outstanding work requests are discarded. An ACK it was
+    /// holding back for coalescing is sent first: the requester already saw its message
+    /// delivered here, and without the ACK it would retry until it gives up.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> bool {
-        self.qps.remove(&qpn.0).is_some()
+        let Some(mut qp) = self.qps.remove(&qpn.0) else {
+            return false;
+        };
+        if qp.resp.has_held_ack() {
+            qp.resp.release_ack();
+            let mut buf = vec![0u8; 512];
+            if let Some(t) = qp.poll_response(&mut self.res, &mut buf) {
+                buf.truncate(t.len);
+                self.outbox.push_back((t, buf));
+            }
+        }
+        true
     }
 
     /// Changes QP attributes (`ibv_modify_qp`), with the verbs state-machine checks.
@@ -806,6 +823,14 @@ impl Nic {
     /// Writes the next packet to send into `buf` (which must hold a whole packet: path MTU +
     /// 128 bytes is enough). Returns `None` when nothing is ready.
     pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some((t, frame)) = self.outbox.pop_front()
+            && let Some(dst) = buf.get_mut(..frame.len())
+        {
+            dst.copy_from_slice(&frame);
+            self.res.counters.tx_packets += 1;
+            self.res.counters.tx_bytes += t.len as u64;
+            return Some(t);
+        }
         while let Some(qpn) = self.tx_ready.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
