@@ -137,7 +137,11 @@ impl Endpoint {
         let sh = &*self.sh;
         {
             let mut st = sh.state.lock();
-            match sh.try_send(&mut st, self.key, p)? {
+            let first = sh.try_send(&mut st, self.key, p)?;
+            if first.is_some() {
+                st.stats.credit_waits += 1;
+            }
+            match first {
                 None => return Ok(()),
                 Some(back) if !block => {
                     sh.progress(&mut st);
@@ -197,6 +201,36 @@ impl Endpoint {
     /// As `send`.
     pub fn send_buf(&self, buf: Buf) -> Result<()> {
         self.send_payload(Payload::Buf(buf), None, true)
+    }
+
+    /// [`send_buf`](Self::send_buf) giving up after `timeout` (the buffer is dropped).
+    ///
+    /// # Errors
+    /// As `send`, plus `Timeout`.
+    pub fn send_buf_timeout(&self, buf: Buf, timeout: Duration) -> Result<()> {
+        self.send_payload(Payload::Buf(buf), Some(Instant::now() + timeout), true)
+    }
+
+    /// Sends a pooled buffer only if a credit is available now. `Ok(None)`: sent;
+    /// `Ok(Some(buf))`: it would block, and the buffer is handed back untouched.
+    ///
+    /// # Errors
+    /// As `send` (the buffer is dropped then).
+    pub fn try_send_buf(&self, buf: Buf) -> Result<Option<Buf>> {
+        let sh = &*self.sh;
+        let mut st = sh.state.lock();
+        let back = match sh.try_send(&mut st, self.key, Payload::Buf(buf))? {
+            None => return Ok(None),
+            Some(p) => {
+                st.stats.credit_waits += 1;
+                sh.progress(&mut st);
+                sh.try_send(&mut st, self.key, p)?
+            }
+        };
+        Ok(match back {
+            Some(Payload::Buf(b)) => Some(b),
+            _ => None,
+        })
     }
 
     // ------------------------------------------------------------------ receiving
@@ -285,6 +319,7 @@ impl Endpoint {
                 }
                 ep.close_deadline.get_or_insert(Instant::now() + timeout);
             }
+            st.reap_pending = true;
             self.sh.after(&mut st);
         }
         let r = wait_until(&self.sh, Some(Instant::now() + timeout), |st| {
@@ -447,6 +482,7 @@ impl Drop for Endpoint {
             }
             ep.close_deadline.get_or_insert(Instant::now() + timeout);
         }
+        st.reap_pending = true;
         self.sh.after(&mut st);
     }
 }

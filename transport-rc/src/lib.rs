@@ -5,6 +5,13 @@
 //! engine; an [`Endpoint`] is one RC queue pair to a peer, with credit flow control and three
 //! send protocols chosen by size (inline, eager, rendezvous).
 //!
+//! DESIGN.md places the context in `rdmx-core`. It lives here instead: the context's progress
+//! engine routes every completion to an endpoint, so it has to know the endpoint protocol,
+//! and putting it in core would either pull the RC transport into core or need a transport
+//! trait object on the hottest path. Core keeps what is transport-independent (configuration,
+//! buffer pool, header, credits, bootstrap); a UD transport will get its own context type or
+//! a trait once it exists, decided with two real implementations in hand.
+//!
 //! ```no_run
 //! use rdmx_rc::Context;
 //! let server = Context::builder().build()?;

@@ -41,7 +41,8 @@ pub struct Stats {
     pub delivered: u64,
     /// Credit updates written into peers' mailboxes.
     pub mailbox_writes: u64,
-    /// Times a sender found no credit and had to wait.
+    /// Sends that found no credit (or no send slot or pool buffer) at first and had to wait
+    /// or give up with `WouldBlock`.
     pub credit_waits: u64,
     /// Receive buffers posted on the shared receive queue.
     pub recv_posted: u64,
@@ -70,6 +71,8 @@ pub(crate) struct State {
     pub(crate) events: VecDeque<Event>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
+    /// Some endpoint is closing, or down with its handle gone: `reap` has work.
+    pub(crate) reap_pending: bool,
     wc: Vec<WorkCompletion>,
 }
 
@@ -88,6 +91,7 @@ impl State {
             events: VecDeque::new(),
             next_id: 1,
             stats: Stats::default(),
+            reap_pending: false,
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }
@@ -171,7 +175,9 @@ impl Shared {
         self.distribute(st);
         self.post_deferred_reads(st);
         self.flush_mailboxes(st);
-        self.reap(st);
+        if st.reap_pending {
+            self.reap(st);
+        }
     }
 
     fn on_completion(&self, st: &mut State, c: &WorkCompletion) {
@@ -296,6 +302,7 @@ impl Shared {
                     // Answer with our own Close once our sends drain (see `reap`).
                     ep.status = Status::Closing;
                 }
+                st.reap_pending = true;
             }
         }
     }
@@ -656,6 +663,7 @@ impl Shared {
             endpoint: ep.id,
             cause,
         });
+        st.reap_pending = true;
         self.cond.notify_all();
     }
 
@@ -707,6 +715,9 @@ impl Shared {
         for k in remove {
             self.remove(st, k);
         }
+        st.reap_pending = st.eps.iter().any(|(_, e)| {
+            e.status == Status::Closing || (e.detached && matches!(e.status, Status::Down(_)))
+        });
     }
 
     /// Destroys an endpoint's queue pair and frees its credits and buffers.
@@ -771,7 +782,6 @@ impl Shared {
         }
         let ep = &mut st.eps[k];
         if ep.send.available() == 0 || ep.sq_used() + 2 >= ep.sq_depth {
-            st.stats.credit_waits += 1;
             return Ok(Some(payload));
         }
         let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
