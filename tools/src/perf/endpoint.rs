@@ -96,7 +96,13 @@ impl Endpoint {
         watch: Option<TcpStream>,
     ) -> Result<Self> {
         let dev = ctx.query_device();
-        let inline_size = spec.inline_size.min(dev.max_inline_data);
+        // A device-wide inline limit of 0 means "unknown" (libibverbs has none): ask for what
+        // we want and use what the QP was granted.
+        let mut inline_size = if dev.max_inline_data > 0 {
+            spec.inline_size.min(dev.max_inline_data)
+        } else {
+            spec.inline_size
+        };
         let cqe = (spec.sq_depth + spec.rx_depth + 16) as usize;
         let cq = ctx
             .create_cq(cqe, None)
@@ -112,9 +118,23 @@ impl Endpoint {
             max_recv_sge: 1,
             max_inline_data: inline_size,
         };
-        let qp = pd
-            .create_qp(&init)
-            .with_ctx(|| format!("creating a {} queue pair", spec.transport.upper()))?;
+        let qp = match pd.create_qp(&init) {
+            Ok(qp) => qp,
+            Err(_) if inline_size > 0 => {
+                // The device refused the inline size: fall back to no inline sends.
+                init.cap.max_inline_data = 0;
+                pd.create_qp(&init)
+                    .with_ctx(|| format!("creating a {} queue pair", spec.transport.upper()))?
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_ctx(|| format!("creating a {} queue pair", spec.transport.upper()));
+            }
+        };
+        inline_size = match qp.query() {
+            Ok((_, cap)) => inline_size.min(cap.max_inline_data),
+            Err(_) => init.cap.max_inline_data,
+        };
         let layout = Layout::new(spec.size, spec.transport);
         let access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
