@@ -185,7 +185,6 @@ pub(crate) fn check_modify(qp_type: QpType, from: S, a: &QpAttr, mask: M) -> Res
 /// out-of-range value is rejected by name instead of being truncated on its way to the NIC.
 /// Device-dependent limits (ports, P_Key indexes, RDMA-read depths, path MTU) are left to
 /// the provider.
-#[cfg_attr(not(feature = "ibverbs"), allow(dead_code))]
 pub(crate) fn check_ranges(a: &QpAttr, mask: M) -> Result<(), VerbsError> {
     let bad =
         |attr: &'static str, reason: String| Err(VerbsError::InvalidAttribute { attr, reason });
