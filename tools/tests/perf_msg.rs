@@ -2,11 +2,11 @@
 //! processes over the soft provider, and the clear refusals (`--transport xrc`, `ud`, tests
 //! of the other layer).
 
-use std::io::Read;
+mod common;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -31,37 +31,9 @@ fn rdmx() -> Command {
     c
 }
 
-fn reader(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = r.read_to_end(&mut v);
-        v
-    })
-}
-
-/// Waits for `child` with a deadline; kills it and fails on timeout.
-fn wait_with_deadline(mut child: Child, what: &str) -> Output {
-    let out = child.stdout.take().map(reader);
-    let err = child.stderr.take().map(reader);
-    let deadline = Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            break st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {} s", TIMEOUT.as_secs());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let join =
-        |h: Option<JoinHandle<Vec<u8>>>| h.map(|h| h.join().expect("reader")).unwrap_or_default();
-    Output {
-        status,
-        stdout: join(out),
-        stderr: join(err),
-    }
+/// Waits for `child` with this file's deadline; kills it and fails on timeout.
+fn wait_with_deadline(child: Child, what: &str) -> Output {
+    common::wait_with_deadline(child, what, TIMEOUT)
 }
 
 fn run(args: &[&str]) -> Output {
