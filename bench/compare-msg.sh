@@ -39,7 +39,8 @@ fi
 RDMX="$ROOT/target/release/rdmx"
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/compare-msg.XXXXXX")
 
-log() { printf '%s\n' "$*" >&2; }
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 cleanup() {
     if [[ "${KEEP_LOGS:-0}" == 1 ]]; then
         log "logs kept in $LOGDIR"
@@ -49,29 +50,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-warmup_of() { # ucx_perftest defaults to 10000 warm-up iterations; scale them with the run
-    local w=$(($1 / 10))
-    ((w > 1000)) && w=1000
-    echo "$w"
-}
-
-port_in_use() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-port_listening() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-next_free_port() {
-    while port_in_use "$NEXT_PORT"; do NEXT_PORT=$((NEXT_PORT + 1)); done
-    PORT=$NEXT_PORT
-    NEXT_PORT=$((NEXT_PORT + 1))
-}
 
 # ---------------------------------------------------------------------------------- setup --
 HAVE_UCX=0
@@ -242,20 +220,7 @@ if [[ "${SKIP_EXTRA:-0}" != 1 ]]; then
 fi
 ELAPSED=$(($(date +%s) - START))
 
-# median KEY DECIMALS [SCALE] -> median of the numeric values under KEY, times SCALE, or n/a
-median() {
-    local -a vals
-    read -r -a vals <<<"${VALS[$1]:-}"
-    ((${#vals[@]})) || vals=(n/a)
-    printf '%s\n' "${vals[@]}" | awk -v d="$2" -v k="${3:-1}" '
-        $1 ~ /^[-+0-9.eE]+$/ { v[n++] = $1 + 0 }
-        END {
-            if (n == 0) { print "n/a"; exit }
-            for (i = 1; i < n; i++) { x = v[i]; j = i - 1; while (j >= 0 && v[j] > x) { v[j + 1] = v[j]; j-- } v[j + 1] = x }
-            m = (n % 2) ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
-            printf "%.*f\n", d, m * k
-        }'
-}
+
 # verdict EXPR -> "met" / "not met" / "n/a" (EXPR is an awk condition on numbers; any n/a
 # operand gives n/a)
 verdict() {

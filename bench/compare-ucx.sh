@@ -48,7 +48,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log() { printf '%s\n' "$*" >&2; }
+# shellcheck source=bench/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # Iteration counts: large enough to be stable, small enough that the whole script (build
 # included) stays within a few minutes on a 2-core machine.
@@ -66,32 +67,6 @@ bw_iters() {
         65536) echo 10000 ;;
         *) echo 1000 ;;
     esac
-}
-warmup_of() { # ucx_perftest defaults to 10000 warm-up iterations; scale them with the run
-    local w=$(($1 / 10))
-    ((w > 1000)) && w=1000
-    echo "$w"
-}
-
-# True when some local TCP socket (any state) uses port $1.
-port_in_use() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && substr($2, length($2) - 4) == p { found = 1 } END { exit !found }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-# True when a local TCP socket listens on port $1.
-port_listening() {
-    local hex
-    hex=$(printf '%04X' "$1")
-    awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
-        END { exit !found }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-# Sets PORT to a fresh free port (never reuses one, so no TIME_WAIT clashes between runs).
-next_free_port() {
-    while port_in_use "$NEXT_PORT"; do NEXT_PORT=$((NEXT_PORT + 1)); done
-    PORT=$NEXT_PORT
-    NEXT_PORT=$((NEXT_PORT + 1))
 }
 
 # ---------------------------------------------------------------------------------- setup --
@@ -256,21 +231,6 @@ for ((rep = 1; rep <= REPS; rep++)); do
 done
 ELAPSED=$(($(date +%s) - START))
 
-# median KEY DECIMALS [SCALE] -> median of the numeric values recorded under KEY, times
-# SCALE, or n/a
-median() {
-    local -a vals
-    read -r -a vals <<<"${VALS[$1]:-}"
-    ((${#vals[@]})) || vals=(n/a)
-    printf '%s\n' "${vals[@]}" | awk -v d="$2" -v k="${3:-1}" '
-        $1 ~ /^[-+0-9.eE]+$/ { v[n++] = $1 + 0 }
-        END {
-            if (n == 0) { print "n/a"; exit }
-            for (i = 1; i < n; i++) { x = v[i]; j = i - 1; while (j >= 0 && v[j] > x) { v[j + 1] = v[j]; j-- } v[j + 1] = x }
-            m = (n % 2) ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2
-            printf "%.*f\n", d, m * k
-        }'
-}
 
 # ------------------------------------------------------------------------------- report --
 cpu_model=$(awk -F: '/^model name/ { sub(/^[ \t]+/, "", $2); print $2; exit }' /proc/cpuinfo 2>/dev/null)
