@@ -10,8 +10,8 @@ use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::header::{MAILBOX_LEN, Mailbox};
 use rdmx_core::{DisconnectCause, Error, Result};
 use rdmx_verbs::{
-    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair,
-    Rkey, WrOpcode,
+    AccessFlags, AhAttr, Gid, MigState, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+    QueuePair, Rkey, WrOpcode,
 };
 
 use crate::context::{Context, MAX_ENDPOINTS};
@@ -112,6 +112,35 @@ fn bring_up(sh: &Shared, qp: &QueuePair, my_psn: u32, peer: &EndpointInfo) -> Re
         },
         M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
     )?;
+    if sh.ports >= 2
+        && let Some(alt) = &peer.alternate
+    {
+        load_alternate(sh, qp, alt, 2)?;
+    }
+    Ok(())
+}
+
+/// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's
+/// alternate path and asks for it to be armed (automatic path migration).
+pub(crate) fn load_alternate(
+    sh: &Shared,
+    qp: &QueuePair,
+    path: &PathInfo,
+    local_port: u8,
+) -> Result<()> {
+    let mut av = AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port);
+    av.port_num = local_port;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            path_mig_state: MigState::Rearm,
+            alt_ah_attr: av,
+            alt_port_num: local_port,
+            alt_timeout: timeout_exponent(sh.cfg.peer_timeout),
+            ..QpAttr::default()
+        },
+        M::STATE | M::ALT_PATH | M::PATH_MIG_STATE,
+    )?;
     Ok(())
 }
 
@@ -138,7 +167,11 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
         psn,
         mtu: sh.mtu_bytes,
         primary: path_info(sh, 1)?,
-        alternate: None,
+        alternate: if sh.ports >= 2 {
+            Some(path_info(sh, 2)?)
+        } else {
+            None
+        },
         srq_nums: Vec::new(),
         credits,
         mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
@@ -176,6 +209,9 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
         rndv_in_adv: 0,
         inbox: VecDeque::new(),
         delivered: 0,
+        paths: None,
+        on_alt: false,
+        rearm_port: None,
         last_rx: Instant::now(),
         keepalive_at: None,
         close_deadline: None,
@@ -197,6 +233,11 @@ fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
         ep.peer_eager_limit = peer.eager_limit as usize;
         ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
         ep.last_rx = Instant::now();
+        if sh.ports >= 2
+            && let Some(alt) = &peer.alternate
+        {
+            ep.paths = Some([peer.primary.clone(), alt.clone()]);
+        }
     }
     sh.after(&mut st);
 }

@@ -200,6 +200,7 @@ impl Context {
             inline_max,
             max_inline_data,
             mtu_bytes: port.active_mtu.bytes() as u32,
+            ports: dev.phys_port_cnt,
             context_id: random_u64(),
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),
@@ -497,6 +498,39 @@ fn background(sh: &Shared) {
     // progress calls.
 }
 
+/// Loads the path an endpoint migrated away from as its new alternate, once that path's
+/// local port is active (`port`: a port that just became active; `None`: check them all).
+fn rearm(sh: &Shared, st: &mut State, port: Option<u8>) {
+    let mut rearmed = Vec::new();
+    for (_, ep) in st.eps.iter_mut() {
+        let (Some(p), Some(paths)) = (ep.rearm_port, &ep.paths) else {
+            continue;
+        };
+        if port.is_some_and(|q| q != p) || !matches!(ep.status, crate::ep::Status::Open) {
+            continue;
+        }
+        let up = sh
+            .vctx
+            .query_port(p)
+            .is_ok_and(|a| a.state == rdmx_verbs::PortState::Active);
+        if !up {
+            continue;
+        }
+        // Port 1 reaches the peer's primary address, port 2 its alternate.
+        let target = &paths[usize::from(p) - 1];
+        match crate::conn::load_alternate(sh, &ep.qp, target, p) {
+            Ok(()) => {
+                ep.rearm_port = None;
+                rearmed.push(ep.id);
+            }
+            Err(e) => tracing::debug!(endpoint = ep.id, "re-arming failed: {e}"),
+        }
+    }
+    for endpoint in rearmed {
+        st.events.push_back(Event::PathRearmed { endpoint });
+    }
+}
+
 fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
     match ev {
         AsyncEvent::SrqLimitReached(_) => {
@@ -505,12 +539,18 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
         }
         AsyncEvent::PathMigrated(qpn) => {
             if let Some(&k) = st.by_qpn.get(&qpn.0)
-                && let Some(ep) = st.eps.get(k)
+                && let Some(ep) = st.eps.get_mut(k)
             {
+                ep.on_alt = !ep.on_alt;
+                // The path left behind leaves from port 1 when we are now on the alternate.
+                ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
+                tracing::info!(endpoint = ep.id, "path migrated");
                 st.events.push_back(Event::PathMigrated { endpoint: ep.id });
+                rearm(sh, st, None);
                 sh.cond.notify_all();
             }
         }
+        AsyncEvent::PortActive(port) => rearm(sh, st, Some(port)),
         AsyncEvent::QpFatal(qpn)
         | AsyncEvent::QpAccessError(qpn)
         | AsyncEvent::QpRequestError(qpn) => {

@@ -106,6 +106,13 @@ pub(crate) struct Ep {
     pub(crate) inbox: VecDeque<Inbound>,
     /// Messages delivered to the application so far (for stats and tests).
     pub(crate) delivered: u64,
+    /// The peer's two paths (primary, alternate) when both sides have two ports: the
+    /// endpoint is connected with an alternate path and fails over to it.
+    pub(crate) paths: Option<[rdmx_core::bootstrap::PathInfo; 2]>,
+    /// The queue pair currently runs on the alternate path (flips at every migration).
+    pub(crate) on_alt: bool,
+    /// After a migration, the local port of the path left behind, to re-arm once it is up.
+    pub(crate) rearm_port: Option<u8>,
     pub(crate) last_rx: Instant,
     pub(crate) keepalive_at: Option<Instant>,
     /// A close must finish by then (set when the handle is dropped or `close` is called).

@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) inline_max: usize,
     pub(crate) max_inline_data: u32,
     pub(crate) mtu_bytes: u32,
+    /// Ports of the device (two give endpoints an alternate path).
+    pub(crate) ports: u8,
     pub(crate) context_id: u64,
     pub(crate) start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.

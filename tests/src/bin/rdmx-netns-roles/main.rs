@@ -28,6 +28,10 @@
 //!   `RECV <seq> <ns> port=<n>` per message (`port`: the QP's primary port when the
 //!   completion was polled).
 //!
+//! * `msg-server` / `msg-client` (see `msg.rs`): the same two-link set-up through the
+//!   message layer: an `rdmx` endpoint with an alternate path, a numbered stream, and the
+//!   message-layer events (`EVENT PathMigrated ...`).
+//!
 //! Every role takes `--limit-s` (default 120): a hard limit on its whole run, after which it
 //! prints `TIMEOUT` and exits with status 3. Times (`<ns>`) are nanoseconds since the Unix
 //! epoch. Errors go to stderr (`rdmx-netns-roles <role>: ...`) with exit status 1.
@@ -35,6 +39,7 @@
 
 mod apm;
 mod mcast;
+mod msg;
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -169,7 +174,7 @@ fn watchdog(role: &str, limit: Duration) {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: rdmx-netns-roles (mcast-recv | mcast-send | apm-server | apm-client) \
+        "usage: rdmx-netns-roles (mcast-recv | mcast-send | apm-server | apm-client | msg-server | msg-client) \
          --option value ...   (see the source for the options)"
     );
     ExitCode::from(2)
@@ -185,6 +190,8 @@ fn main() -> ExitCode {
         "mcast-send" => mcast::send,
         "apm-server" => apm::server,
         "apm-client" => apm::client,
+        "msg-server" => msg::server,
+        "msg-client" => msg::client,
         _ => return usage(),
     };
     let args = match Args::parse(&argv[1..]) {

@@ -1,0 +1,128 @@
+//! Message-layer failover between two hosts joined by two veth links (network namespaces;
+//! root only, skipped otherwise unless `RDMX_REQUIRE_NETNS=1`).
+//!
+//! Each host opens an `rdmx::Context` on a two-port soft device (port 1 on link A, port 2 on
+//! link B), so the endpoint's queue pair is connected with an alternate path and armed. While
+//! the client streams numbered messages, link A goes down (both ends, the client's first);
+//! the endpoint must migrate — `Event::PathMigrated` on both sides — and the server must get
+//! every message exactly once, in order and intact, followed by the client's orderly close.
+//! The roles are `msg-server` / `msg-client` of the `rdmx-netns-roles` program.
+#![forbid(unsafe_code)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use rdmx_tests::lines::{Line, describe, lines_with, unix_ns, wait_for_line, wait_for_nth};
+use rdmx_tests::netns::{Hosts, Link, Topology, list_netns, require_netns_or_skip};
+use rdmx_tests::process::Proc;
+
+const ROLES: &str = env!("CARGO_BIN_EXE_rdmx-netns-roles");
+const COUNT: u64 = 1500;
+const CUT_AFTER: usize = 300;
+const WAIT: Duration = Duration::from_secs(30);
+const LIMIT: Duration = Duration::from_secs(90);
+
+fn device(hosts: &Hosts, host: &str) -> String {
+    let h = hosts.host(host);
+    format!("soft:{},{}", h.addr("A"), h.addr("B"))
+}
+
+fn role(name: &str, device: &str) -> Command {
+    let mut c = Command::new(ROLES);
+    c.args([name, "--device", device])
+        .args(["--count", &COUNT.to_string()])
+        .args(["--peer-timeout-ms", "1000"])
+        .args(["--limit-s", &LIMIT.as_secs().to_string()]);
+    c
+}
+
+fn migrated_at(p: &Proc) -> Option<u64> {
+    lines_with(&p.stdout_now(), "EVENT")
+        .iter()
+        .find(|l| l.words.first() == Some(&"PathMigrated"))
+        .and_then(|l| l.pos(1))
+}
+
+#[test]
+fn endpoint_fails_over_on_link_down() {
+    if !require_netns_or_skip("endpoint_fails_over_on_link_down") {
+        return;
+    }
+    let hosts = Topology::new()
+        .host("cli")
+        .host("srv")
+        .link(Link::new("A", "cli", "srv"))
+        .link(Link::new("B", "cli", "srv"))
+        .build()
+        .expect("build the topology");
+    let srv_a = hosts.host("srv").addr("A");
+    let mut c = role("msg-server", &device(&hosts, "srv"));
+    c.args(["--listen", &format!("{srv_a}:0")]);
+    let server = hosts
+        .spawn_with_timeout("srv", c, LIMIT + Duration::from_secs(10))
+        .expect("start the server");
+    let listen = wait_for_line(&server, "LISTEN", WAIT).unwrap_or_else(|e| panic!("{e}"));
+    let target = Line::parse(&listen)
+        .and_then(|l| l.words.first().map(|w| (*w).to_string()))
+        .expect("LISTEN <addr>");
+    let mut c = role("msg-client", &device(&hosts, "cli"));
+    c.args(["--connect", &target]).args(["--pace-us", "1000"]);
+    let client = hosts
+        .spawn_with_timeout("cli", c, LIMIT + Duration::from_secs(10))
+        .expect("start the client");
+
+    wait_for_nth(&server, "RECV", CUT_AFTER, WAIT)
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", describe(&server), describe(&client)));
+    assert!(migrated_at(&client).is_none(), "migrated before the cut");
+    let cut = unix_ns();
+    hosts.iface_down("cli", "A").expect("take link A down");
+    hosts.iface_down("srv", "A").expect("take link A down");
+
+    let srv_line = wait_for_line(&server, "RESULT", LIMIT)
+        .unwrap_or_else(|e| panic!("server: {e}\n{}\n{}", describe(&server), describe(&client)));
+    let cli_line = wait_for_line(&client, "RESULT", LIMIT)
+        .unwrap_or_else(|e| panic!("client: {e}\n{}\n{}", describe(&server), describe(&client)));
+    let detail = || format!("{}\n{}", describe(&server), describe(&client));
+    eprintln!("server: {srv_line}\nclient: {cli_line}");
+    let s = Line::parse(&srv_line).expect("server RESULT");
+    let c = Line::parse(&cli_line).expect("client RESULT");
+    assert_eq!(s.num("got"), Some(COUNT), "{}", detail());
+    assert_eq!(s.flag("in_order"), Some(true), "{}", detail());
+    assert_eq!(s.flag("intact"), Some(true), "{}", detail());
+    assert_eq!(s.field("error"), Some("none"), "{}", detail());
+    assert_eq!(c.num("sent"), Some(COUNT), "{}", detail());
+    assert_eq!(c.field("error"), Some("none"), "{}", detail());
+    let seqs: Vec<u64> = lines_with(&server.stdout_now(), "RECV")
+        .iter()
+        .filter_map(|l| l.pos(0))
+        .collect();
+    assert_eq!(seqs, (0..COUNT).collect::<Vec<u64>>(), "RECV lines");
+    let cli_event = migrated_at(&client).unwrap_or_else(|| panic!("client: {}", detail()));
+    let srv_event = migrated_at(&server).unwrap_or_else(|| panic!("server: {}", detail()));
+    assert!(cli_event > cut && srv_event > cut, "{}", detail());
+    eprintln!(
+        "MSG_FAILOVER client_event_ms={:.1} server_event_ms={:.1}",
+        (cli_event - cut) as f64 / 1e6,
+        (srv_event - cut) as f64 / 1e6
+    );
+    assert!(
+        server.wait().is_ok_and(|o| o.status.success()),
+        "{}",
+        detail()
+    );
+    assert!(
+        client.wait().is_ok_and(|o| o.status.success()),
+        "{}",
+        detail()
+    );
+
+    drop((server, client));
+    let run_id = hosts.run_id().to_string();
+    drop(hosts);
+    let left: Vec<String> = list_netns()
+        .expect("ip netns list")
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{run_id}-")))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
