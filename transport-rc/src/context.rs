@@ -205,6 +205,8 @@ impl Context {
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),
             sleepers: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(feature = "tokio")]
+            notify: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
             cfg,
         });
@@ -301,7 +303,7 @@ impl Context {
         sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
         let n = sh.progress(&mut st);
         if n > 0 {
-            sh.cond.notify_all();
+            sh.wake_all();
         }
         n
     }
@@ -420,7 +422,7 @@ pub(crate) fn wait_until<T>(
             let mut st = sh.state.lock();
             sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
             if sh.progress(&mut st) > 0 {
-                sh.cond.notify_all();
+                sh.wake_all();
             }
             if let Some(r) = f(&mut st) {
                 return r;
@@ -437,7 +439,7 @@ pub(crate) fn wait_until<T>(
                 // by RDMA WRITE raise no completion, so the sleep is also bounded.
                 sh.cq.req_notify(false);
                 if sh.progress(&mut st) > 0 {
-                    sh.cond.notify_all();
+                    sh.wake_all();
                 }
                 if let Some(r) = f(&mut st) {
                     return r;
@@ -480,7 +482,7 @@ fn background(sh: &Shared) {
         {
             let mut st = sh.state.lock();
             if sh.progress(&mut st) > 0 {
-                sh.cond.notify_all();
+                sh.wake_all();
             }
             while let Some(ev) = sh.vctx.get_async_event(Duration::ZERO) {
                 on_async_event(sh, &mut st, ev);
@@ -547,7 +549,7 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
                 tracing::info!(endpoint = ep.id, "path migrated");
                 st.events.push_back(Event::PathMigrated { endpoint: ep.id });
                 rearm(sh, st, None);
-                sh.cond.notify_all();
+                sh.wake_all();
             }
         }
         AsyncEvent::PortActive(port) => rearm(sh, st, Some(port)),

@@ -19,8 +19,8 @@ use crate::shared::{Payload, Shared, State};
 /// Dropping it closes the endpoint in the background (messages already sent are still
 /// delivered); [`close`](Self::close) does the same and waits for the peer.
 pub struct Endpoint {
-    sh: Arc<Shared>,
-    key: usize,
+    pub(crate) sh: Arc<Shared>,
+    pub(crate) key: usize,
     id: u64,
 }
 
@@ -95,7 +95,7 @@ impl Drop for Message {
             self.sh.recycle(&mut st, buf);
             self.sh.after(&mut st);
             drop(st);
-            self.sh.cond.notify_all();
+            self.sh.wake_all();
         }
     }
 }
@@ -235,7 +235,7 @@ impl Endpoint {
 
     // ------------------------------------------------------------------ receiving
 
-    fn take_message(&self, st: &mut State) -> Option<Result<Message>> {
+    pub(crate) fn take_message(&self, st: &mut State) -> Option<Result<Message>> {
         let Some(ep) = st.eps.get_mut(self.key) else {
             return Some(Err(Error::Disconnected(DisconnectCause::LocalClose)));
         };

@@ -30,6 +30,8 @@
 //! ```
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "tokio")]
+mod asyncio;
 mod conn;
 mod context;
 mod endpoint;

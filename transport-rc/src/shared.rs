@@ -119,8 +119,12 @@ pub(crate) struct Shared {
     pub(crate) start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.
     pub(crate) last_app_poll: AtomicU64,
-    /// Application threads asleep in `wait_until` (the background thread wakes them).
+    /// Application threads (or futures) asleep waiting for progress (the background thread
+    /// sleeps on the completion channel while there are any, and wakes them).
     pub(crate) sleepers: std::sync::atomic::AtomicUsize,
+    /// Wakes pending futures (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    pub(crate) notify: tokio::sync::Notify,
     pub(crate) stop: AtomicBool,
 }
 
@@ -143,6 +147,13 @@ impl Payload<'_> {
 }
 
 impl Shared {
+    /// Wakes every waiter: threads asleep in `wait_until` and pending futures.
+    pub(crate) fn wake_all(&self) {
+        self.cond.notify_all();
+        #[cfg(feature = "tokio")]
+        self.notify.notify_waiters();
+    }
+
     pub(crate) fn now_nanos(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
@@ -666,7 +677,7 @@ impl Shared {
             cause,
         });
         st.reap_pending = true;
-        self.cond.notify_all();
+        self.wake_all();
     }
 
     /// Sends the Close of endpoints that are closing and drained; removes endpoints that are

@@ -1,0 +1,109 @@
+//! Async forms of the endpoint calls (feature `tokio`).
+//!
+//! A pending future registers as a sleeper: the context's background thread then sleeps
+//! armed on the completion channel and, when completions arrive, runs progress and wakes
+//! the futures (a `tokio::sync::Notify`). Credits that arrive by RDMA WRITE raise no
+//! completion, so a waiting future also looks again after a short, growing delay.
+//!
+//! Cancellation is safe: a future never owns memory the NIC may use. Until a send is posted
+//! its bytes are only in the future; once posted, the buffer belongs to the endpoint's
+//! tables and is released when the work completes, whatever happened to the future. A
+//! cancelled `recv_async` leaves the message queued for the next receive.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rdmx_core::{Buf, Result};
+
+use crate::endpoint::{Endpoint, Message};
+use crate::shared::{Payload, Shared, State};
+
+/// Counts a sleeping future for as long as it waits (also when it is dropped mid-wait).
+struct Sleeper<'a>(&'a AtomicUsize);
+
+impl<'a> Sleeper<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::AcqRel);
+        Self(n)
+    }
+}
+
+impl Drop for Sleeper<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs `f` under the context lock after progress until it gives a result, awaiting
+/// completions in between.
+async fn wait_async<T>(
+    sh: &Shared,
+    mut f: impl FnMut(&Shared, &mut State) -> Option<Result<T>>,
+) -> Result<T> {
+    let mut delay = Duration::from_micros(100);
+    loop {
+        let notified = sh.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let mut st = sh.state.lock();
+            if sh.progress(&mut st) > 0 {
+                sh.wake_all();
+            }
+            if let Some(r) = f(sh, &mut st) {
+                return r;
+            }
+            sh.cq.req_notify(false);
+        }
+        sh.vctx.yield_polling();
+        let _sleeping = Sleeper::new(&sh.sleepers);
+        let _ = tokio::time::timeout(delay, notified).await;
+        delay = (delay * 2).min(Duration::from_millis(5));
+    }
+}
+
+impl Endpoint {
+    /// Waits for the next message without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`recv`](Self::recv).
+    pub async fn recv_async(&self) -> Result<Message> {
+        wait_async(&self.sh, |_, st| self.take_message(st)).await
+    }
+
+    /// Sends a copy of `data`, waiting for a credit without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub async fn send_async(&self, data: &[u8]) -> Result<()> {
+        let mut slot = Some(Payload::Bytes(data));
+        self.send_async_inner(&mut slot).await
+    }
+
+    /// Sends a pooled buffer (zero copy when large), waiting for a credit without blocking
+    /// the thread. If the future is dropped before the buffer was posted, the buffer simply
+    /// returns to the pool.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub async fn send_buf_async(&self, buf: Buf) -> Result<()> {
+        let mut slot = Some(Payload::Buf(buf));
+        self.send_async_inner(&mut slot).await
+    }
+
+    async fn send_async_inner(&self, slot: &mut Option<Payload<'_>>) -> Result<()> {
+        let key = self.key;
+        wait_async(&self.sh, |sh, st| {
+            let p = slot.take()?;
+            match sh.try_send(st, key, p) {
+                Ok(None) => Some(Ok(())),
+                Ok(Some(back)) => {
+                    *slot = Some(back);
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .await
+    }
+}

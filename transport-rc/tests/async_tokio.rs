@@ -1,0 +1,118 @@
+//! The async forms (feature `tokio`): an echo over tokio tasks, and cancellation of pending
+//! receive and send futures.
+#![cfg(feature = "tokio")]
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmx_rc::{Context, Endpoint};
+
+fn pair(b: impl Fn() -> rdmx_rc::ContextBuilder) -> (Context, Endpoint, Context, Endpoint) {
+    let server = b().build().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || listener.accept().unwrap());
+    let client = b().build().unwrap();
+    let cep = client.connect(addr).unwrap();
+    (client, cep, server, t.join().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_over_tasks() {
+    let (_c, cep, _s, sep) = pair(Context::builder);
+    let sep = Arc::new(sep);
+    let server = tokio::spawn({
+        let sep = Arc::clone(&sep);
+        async move {
+            for _ in 0..600 {
+                let m = sep.recv_async().await.unwrap();
+                sep.send_async(&m).await.unwrap();
+            }
+        }
+    });
+    for i in 0..600usize {
+        let len = [5, 150, 3000, 20_000][i % 4];
+        let data: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
+        cep.send_async(&data).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(10), cep.recv_async())
+            .await
+            .expect("echo timed out")
+            .unwrap();
+        assert!(back[..] == data[..], "message {i}");
+    }
+    server.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_futures_lose_nothing() {
+    let (c, cep, s, sep) = pair(|| Context::builder().credits(4).srq_depth(16));
+    let baseline = s.pool_stats().in_use_bytes;
+    let client_baseline = c.pool_stats().in_use_bytes;
+
+    // A receive that is cancelled while pending: the message sent afterwards is not lost.
+    let r = tokio::time::timeout(Duration::from_millis(20), sep.recv_async()).await;
+    assert!(r.is_err(), "nothing was sent, the receive must pend");
+    cep.send_async(b"after the cancel").await.unwrap();
+    let m = sep.recv_async().await.unwrap();
+    assert_eq!(&m[..], b"after the cancel");
+    drop(m);
+
+    // Sends that pend for lack of credits (the server does not read), cancelled: each one
+    // either went out whole or not at all.
+    let mut sent = 0u32;
+    let mut cancelled = 0u32;
+    while cancelled < 3 {
+        let big = vec![sent as u8; 10_000]; // rendezvous
+        let small = sent.to_le_bytes();
+        let f = if sent % 2 == 0 {
+            cep.send_async(&small).await.map(|()| true)
+        } else {
+            match tokio::time::timeout(Duration::from_millis(30), cep.send_async(&big)).await {
+                Ok(r) => r.map(|()| true),
+                Err(_) => Ok(false),
+            }
+        };
+        match f {
+            Ok(true) => sent += 1,
+            Ok(false) => cancelled += 1,
+            Err(e) => panic!("{e}"),
+        }
+        if sent > 200 {
+            panic!("the sender never ran out of credits");
+        }
+    }
+    // Now the server reads: exactly `sent` messages, in order.
+    for i in 0..sent {
+        let m = tokio::time::timeout(Duration::from_secs(10), sep.recv_async())
+            .await
+            .expect("a sent message is missing")
+            .unwrap();
+        if i % 2 == 0 {
+            assert_eq!(m[..], i.to_le_bytes(), "message {i}");
+        } else {
+            assert_eq!(m.len(), 10_000);
+            assert!(m.iter().all(|&b| b == i as u8), "message {i}");
+        }
+    }
+    let extra = tokio::time::timeout(Duration::from_millis(100), sep.recv_async()).await;
+    assert!(extra.is_err(), "a cancelled send was delivered");
+    // Every buffer went back: the server's and the client's pools hold nothing in use
+    // beyond the receive queue's buffers.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        s.pool_stats().in_use_bytes,
+        baseline,
+        "server buffers leaked"
+    );
+    let _ = c.progress();
+    assert_eq!(
+        c.pool_stats().in_use_bytes,
+        client_baseline,
+        "client buffers (rendezvous sources) leaked"
+    );
+    eprintln!(
+        "sent {sent}, cancelled {cancelled}; client pool {:?}",
+        c.pool_stats()
+    );
+}
