@@ -6,9 +6,9 @@
 //! | `device` | `RDMX_DEVICE` | `soft:127.0.0.1` |
 //! | `transport` | `RDMX_TRANSPORT` (`rc`, `xrc`) | `rc` |
 //! | `inline_threshold` | `RDMX_INLINE_THRESHOLD` | 188 bytes (capped by the device) |
-//! | `rndv_threshold` | `RDMX_RNDV_THRESHOLD` | 8192 bytes |
+//! | `rndv_threshold` | `RDMX_RNDV_THRESHOLD` | 32768 bytes |
 //! | `credits` | `RDMX_CREDITS` | 32 per endpoint |
-//! | `srq_depth` | `RDMX_SRQ_DEPTH` | 1024 receive buffers |
+//! | `srq_depth` | `RDMX_SRQ_DEPTH` | 512 receive buffers |
 //! | `pool_max` | `RDMX_POOL_MAX` (`K`/`M`/`G` suffixes) | 512 MiB |
 //! | `max_message` | `RDMX_MAX_MESSAGE` | 64 MiB |
 //! | `busy_poll` | `RDMX_BUSY_POLL_US` | 50 µs |
@@ -34,7 +34,9 @@ pub struct Config {
     pub inline_threshold: usize,
     /// Messages of at least this many bytes use rendezvous (the receiver RDMA-reads them);
     /// smaller ones are sent eagerly into the peer's receive buffers. Also sets the size of a
-    /// receive buffer (this plus the message header).
+    /// receive buffer (this plus the message header). The default, 32 KiB, is where
+    /// rendezvous starts to pay on the soft provider (docs/BENCHMARKS.md, "Eager or
+    /// rendezvous").
     pub rndv_threshold: usize,
     /// Receive credits each endpoint aims for (messages the peer may send before it must
     /// wait for more).
@@ -59,9 +61,9 @@ impl Default for Config {
             device: "soft:127.0.0.1".to_string(),
             transport: TransportKind::Rc,
             inline_threshold: 188,
-            rndv_threshold: 8192,
+            rndv_threshold: 32 << 10,
             credits: 32,
-            srq_depth: 1024,
+            srq_depth: 512,
             pool_max: 512 << 20,
             max_message: 64 << 20,
             busy_poll: Duration::from_micros(50),

@@ -63,7 +63,7 @@ async fn cancelled_futures_lose_nothing() {
     let mut sent = 0u32;
     let mut cancelled = 0u32;
     while cancelled < 3 {
-        let big = vec![sent as u8; 10_000]; // rendezvous
+        let big = vec![sent as u8; 40_000]; // rendezvous
         let small = sent.to_le_bytes();
         let f = if sent % 2 == 0 {
             cep.send_async(&small).await.map(|()| true)
@@ -91,7 +91,7 @@ async fn cancelled_futures_lose_nothing() {
         if i % 2 == 0 {
             assert_eq!(m[..], i.to_le_bytes(), "message {i}");
         } else {
-            assert_eq!(m.len(), 10_000);
+            assert_eq!(m.len(), 40_000);
             assert!(m.iter().all(|&b| b == i as u8), "message {i}");
         }
     }

@@ -63,14 +63,14 @@ fn one_way_stream_in_order() {
     let rx = std::thread::spawn(move || {
         for i in 0..n {
             let m = sep.recv_timeout(Duration::from_secs(10)).expect("recv");
-            let len = (i as usize * 37) % 20_000;
+            let len = (i as usize * 37) % 50_000;
             assert_eq!(m.len(), len + 4, "message {i}");
             assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
         }
         sep
     });
     for i in 0..n {
-        let len = (i as usize * 37) % 20_000;
+        let len = (i as usize * 37) % 50_000;
         let mut v = i.to_le_bytes().to_vec();
         v.resize(len + 4, i as u8);
         cep.send(&v).expect("send");

@@ -27,7 +27,7 @@ fn child_mixed_sender() {
         .expect("child context (RDMX_FAULTS set by the parent)");
     let ep = ctx.connect(addr.as_str()).expect("connect");
     let n: u32 = std::env::var("RDMX_TEST_COUNT").unwrap().parse().unwrap();
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; 64 << 10]; // the largest mixed_size is 49151
     for i in 0..n {
         let len = mixed_size(i);
         fill(i, &mut buf[..len]);

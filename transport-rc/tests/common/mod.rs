@@ -86,7 +86,7 @@ impl Drop for ChildProc {
 pub fn mixed_size(i: u32) -> usize {
     let r = (i.wrapping_mul(2_654_435_761) >> 8) as usize;
     match i % 50 {
-        0 => 8192 + r % 40_000,   // rendezvous
+        0 => 32_768 + r % 16_384, // rendezvous
         1..=17 => 189 + r % 1900, // eager
         _ => 4 + r % 184,         // inline (4-byte sequence number included)
     }
