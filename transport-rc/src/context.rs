@@ -406,6 +406,9 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
+/// Polls between two looks at the clock while spinning.
+const CLOCK_EVERY: u32 = 16;
+
 /// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
 /// sleeps on the context's condition variable (the background thread, or any thread that
 /// makes progress, wakes it). `deadline = None` waits forever.
@@ -417,15 +420,26 @@ pub(crate) fn wait_until<T>(
     let start = Instant::now();
     let spin_until = start + sh.cfg.busy_poll;
     let mut sleep = Duration::from_micros(100);
+    // Reading the clock costs about as much as an empty poll here, so the spin looks at it
+    // only every few polls.
+    let mut polls = 0u32;
     loop {
         {
             let mut st = sh.state.lock();
-            sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
+            if polls % CLOCK_EVERY == 0 {
+                sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
+            }
             if sh.progress(&mut st) > 0 {
                 sh.wake_all();
             }
             if let Some(r) = f(&mut st) {
                 return r;
+            }
+            polls = polls.wrapping_add(1);
+            if polls % CLOCK_EVERY != 0 {
+                drop(st);
+                std::hint::spin_loop();
+                continue;
             }
             let now = Instant::now();
             if let Some(d) = deadline

@@ -480,8 +480,17 @@ impl Shared {
 
     /// Keeps the shared receive queue full from the pool, as long as the application does not
     /// hold more than a queue's worth of buffers (beyond that, senders wait for credits).
+    ///
+    /// It waits until a sixteenth of the queue is missing and then posts them together, so
+    /// the receive path does not post a buffer per message (a lone endpoint's credits come
+    /// from the spare buffers meanwhile). Below the queue's SRQ limit the SRQ-limit event
+    /// triggers it too.
     fn refill(&self, st: &mut State) {
         let depth = u64::from(self.cfg.srq_depth);
+        let batch = (depth / 16).max(1);
+        if st.budget.posted + batch > depth && st.budget.spare() > 0 {
+            return;
+        }
         while st.budget.posted < depth && st.budget.posted + st.held < 2 * depth {
             match self.pool.try_alloc(self.cfg.recv_buf_size()) {
                 Ok(b) => {
