@@ -668,18 +668,21 @@ impl Shared {
             QpAttrMask::STATE,
         );
         ep.signaled_out = 0;
-        // Operations still waiting get an error now.
-        for (s, hold) in ep.inflight.drain(..) {
+        // Operations still waiting get an error now. Their buffers, like every buffer a
+        // posted work request names, stay in the endpoint until the flush completion of that
+        // request arrives or the queue pair is destroyed: a NIC may still be using them.
+        for (s, hold) in ep.inflight.iter_mut() {
             if let Hold::Op(buf) = hold {
                 ep.ops_done.push(OpResult {
-                    seq: s,
+                    seq: *s,
                     status: WcStatus::WrFlushErr,
-                    buf,
+                    buf: None,
                 });
+                *hold = buf.take().map_or(Hold::None, Hold::Buf);
             }
         }
-        // The peer can no longer read our rendezvous buffers (the QP is in error).
-        ep.rndv_out.clear();
+        // Rendezvous buffers stay too (released with the queue pair); nobody needs to
+        // watch for their release any more.
         st.rndv_watch.retain(|&x| x != k);
         st.events.push_back(Event::Disconnected {
             endpoint: ep.id,

@@ -134,6 +134,8 @@ fn peer_killed_mid_stream() {
     });
     let healthy = ctx.connect(oaddr).unwrap();
 
+    // Pool memory in use before the victim's endpoint exists (the receive queue's buffers).
+    let base = ctx.pool_stats().in_use_bytes;
     let mut child = ChildProc::spawn("child_streamer", &[("RDMX_TEST_STREAM", "1".into())]);
     let addr = child.expect_line("ADDR", Duration::from_secs(10));
     let ep = ctx.connect(addr.as_str()).unwrap();
@@ -177,6 +179,15 @@ fn peer_killed_mid_stream() {
         }
     );
     eprintln!("peer death surfaced after {took:?}");
+    // Once the dead endpoint is dropped (its queue pair destroyed), every buffer it held
+    // is back in the pool.
+    drop(ep);
+    let _ = ctx.progress();
+    let in_use = ctx.pool_stats().in_use_bytes;
+    assert!(
+        in_use <= base,
+        "{in_use} bytes in use after the dead endpoint was dropped, {base} before it existed"
+    );
     // The other endpoint keeps working.
     for i in 0..100u32 {
         healthy.send(&i.to_le_bytes()).unwrap();
