@@ -552,6 +552,50 @@ pub fn accept(listener: &TcpListener) -> Result<(TcpStream, SocketAddr), Bootstr
     Ok((stream, peer))
 }
 
+/// [`accept`] giving up at `deadline`: `Ok(None)` when no peer connected in time. The
+/// listener is put in non-blocking mode while it waits (and back afterwards), so do not
+/// call [`accept`] on it from another thread at the same time.
+///
+/// # Errors
+///
+/// [`BootstrapError::Io`] when `accept` or setting an option fails.
+pub fn accept_until(
+    listener: &TcpListener,
+    deadline: Instant,
+) -> Result<Option<(TcpStream, SocketAddr)>, BootstrapError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(io_error("set O_NONBLOCK"))?;
+    let got = loop {
+        match listener.accept() {
+            Ok(accepted) => break Ok(Some(accepted)),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break Ok(None);
+                }
+                // A rare call: a short sleep is cheaper than keeping an epoll set for it.
+                std::thread::sleep(left.min(Duration::from_millis(2)));
+            }
+            Err(err) => break Err(io_error("accept")(err)),
+        }
+    };
+    listener
+        .set_nonblocking(false)
+        .map_err(io_error("clear O_NONBLOCK"))?;
+    let Some((stream, peer)) = got? else {
+        return Ok(None);
+    };
+    stream
+        .set_nonblocking(false)
+        .map_err(io_error("clear O_NONBLOCK"))?;
+    stream
+        .set_nodelay(true)
+        .map_err(io_error("set TCP_NODELAY"))?;
+    Ok(Some((stream, peer)))
+}
+
 /// Connects to a bootstrap listener at `addr`, giving up at `deadline`, and sets
 /// `TCP_NODELAY`.
 ///

@@ -381,6 +381,21 @@ impl Listener {
         crate::conn::accept(&self.ctx, stream, peer)
     }
 
+    /// [`accept`](Self::accept), giving up with `Timeout` when no peer connects within
+    /// `timeout` (the exchange with a peer that does connect has its own deadline, the
+    /// connect timeout). Do not call `accept` on the same listener from another thread
+    /// meanwhile.
+    ///
+    /// # Errors
+    /// `Timeout`, or as `accept`.
+    pub fn accept_timeout(&self, timeout: std::time::Duration) -> Result<Endpoint> {
+        let start = Instant::now();
+        match bootstrap::accept_until(&self.tcp, start + timeout)? {
+            Some((stream, peer)) => crate::conn::accept(&self.ctx, stream, peer),
+            None => Err(Error::Timeout(start.elapsed())),
+        }
+    }
+
     /// The context it belongs to.
     pub fn context(&self) -> &Context {
         &self.ctx

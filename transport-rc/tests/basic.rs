@@ -164,8 +164,16 @@ fn hostile_bootstrap_peers_get_clear_errors() {
         assert!(matches!(err, Error::Bootstrap(_)), "{err}");
         eprintln!("{:?} -> {err}", String::from_utf8_lossy(&bytes));
     }
+    // Nobody connecting: accept_timeout gives up in time.
+    let start = Instant::now();
+    let err = listener
+        .accept_timeout(Duration::from_millis(100))
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
     // The listener still works.
-    let t = std::thread::spawn(move || listener.accept().map(|_| ()));
+    let t =
+        std::thread::spawn(move || listener.accept_timeout(Duration::from_secs(10)).map(|_| ()));
     let client = Context::builder().build().unwrap();
     let ep = client.connect(addr).unwrap();
     t.join().unwrap().unwrap();
