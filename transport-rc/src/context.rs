@@ -388,7 +388,7 @@ impl Listener {
     ///
     /// # Errors
     /// `Timeout`, or as `accept`.
-    pub fn accept_timeout(&self, timeout: std::time::Duration) -> Result<Endpoint> {
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
         let start = Instant::now();
         match bootstrap::accept_until(&self.tcp, start + timeout)? {
             Some((stream, peer)) => crate::conn::accept(&self.ctx, stream, peer),
