@@ -164,6 +164,15 @@ pub struct EndpointInfo {
     pub eager_limit: u32,
     /// A random identifier of the sending context (for logs and duplicate detection).
     pub context_id: u64,
+    /// A random identifier of the sending node (the device the context's XRC domain lives
+    /// on; XRC target queue pairs are shared per remote node).
+    pub node_id: u64,
+    /// The endpoint's number on the sending side: the peer puts it in the header of every
+    /// message so the sender's context can route it (at most 65535).
+    pub tag: u32,
+    /// XRC: the target queue pair the sender created (or already had) for the peer's
+    /// initiator; `None` in a `Hello` and for RC.
+    pub xrc_target: Option<u32>,
 }
 
 /// One message of the bootstrap exchange.
@@ -175,6 +184,9 @@ pub enum Frame {
     Accept(EndpointInfo),
     /// Either side: refused, with a human-readable reason.
     Reject(String),
+    /// XRC, connector -> listener after the `Accept`: the target queue pair the connector's
+    /// node has for the listener's initiator.
+    XrcTarget(u32),
 }
 
 /// Deserializes a `Vec<u32>` without trusting the announced length: serde would reserve up to
@@ -467,6 +479,12 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
             "mtu {} is not one of 256, 512, 1024, 2048, 4096",
             info.mtu
         ));
+    }
+    if info.tag > 0xFFFF {
+        return invalid(format!("tag {} does not fit in 16 bits", info.tag));
+    }
+    if info.xrc_target.is_some_and(|q| q > MAX_24BIT) {
+        return invalid("the XRC target qpn does not fit in 24 bits".into());
     }
     if info.credits > MAX_CREDITS {
         return invalid(format!(
@@ -846,6 +864,9 @@ pub fn expect_hello(
     let result = match recv_frame(stream, deadline) {
         Ok(Frame::Hello(info)) => validate(&info).map(|()| info),
         Ok(Frame::Accept(_)) => Err(BootstrapError::Unexpected("Accept while waiting for Hello")),
+        Ok(Frame::XrcTarget(_)) => Err(BootstrapError::Unexpected(
+            "XrcTarget while waiting for Hello",
+        )),
         Ok(Frame::Reject(reason)) => return Err(BootstrapError::Rejected(reason)),
         Err(err) => Err(err),
     };
@@ -891,6 +912,29 @@ pub fn expect_accept(
         }
         Frame::Reject(reason) => Err(BootstrapError::Rejected(reason)),
         Frame::Hello(_) => Err(BootstrapError::Unexpected("Hello while waiting for Accept")),
+        Frame::XrcTarget(_) => Err(BootstrapError::Unexpected(
+            "XrcTarget while waiting for Accept",
+        )),
+    }
+}
+
+/// Listener side of an XRC exchange: receives the connector's target QP number.
+///
+/// # Errors
+///
+/// Those of [`recv_frame`]; [`BootstrapError::Rejected`] when the connector refused;
+/// [`BootstrapError::Invalid`] for a number above 24 bits; [`BootstrapError::Unexpected`]
+/// for any other frame.
+pub fn expect_xrc_target(stream: &mut TcpStream, deadline: Instant) -> Result<u32, BootstrapError> {
+    match recv_frame(stream, deadline)? {
+        Frame::XrcTarget(qpn) if qpn <= MAX_24BIT => Ok(qpn),
+        Frame::XrcTarget(qpn) => Err(BootstrapError::Invalid(format!(
+            "XRC target qpn {qpn:#x} does not fit in 24 bits"
+        ))),
+        Frame::Reject(reason) => Err(BootstrapError::Rejected(reason)),
+        _ => Err(BootstrapError::Unexpected(
+            "wrong frame while waiting for XrcTarget",
+        )),
     }
 }
 
@@ -948,6 +992,9 @@ mod tests {
             max_message: 1 << 20,
             eager_limit: 8192,
             context_id: 0xdead_beef_cafe_f00d,
+            node_id: 0x0123_4567_89ab_cdef,
+            tag: 0xFFFF,
+            xrc_target: Some(0x00AB_CDEF),
         }
     }
 
@@ -1294,11 +1341,17 @@ mod tests {
                 any::<u32>(),
                 any::<u64>(),
             ),
+            (
+                any::<u64>(),
+                0..=0xFFFFu32,
+                proptest::option::of(0..=MAX_24BIT),
+            ),
         )
             .prop_map(
                 |(
                     (transport, qpn, psn, mtu, primary, alternate, srq_nums),
                     (credits, mailbox_addr, mailbox_rkey, max_message, eager_limit, context_id),
+                    (node_id, tag, xrc_target),
                 )| EndpointInfo {
                     transport,
                     qpn,
@@ -1313,6 +1366,9 @@ mod tests {
                     max_message,
                     eager_limit,
                     context_id,
+                    node_id,
+                    tag,
+                    xrc_target,
                 },
             )
     }
@@ -1322,6 +1378,7 @@ mod tests {
             arb_info().prop_map(Frame::Hello),
             arb_info().prop_map(Frame::Accept),
             ".{0,200}".prop_map(Frame::Reject),
+            (0..=MAX_24BIT).prop_map(Frame::XrcTarget),
         ]
     }
 

@@ -3,11 +3,13 @@
 //! ```text
 //!  0      1      2             4                8                12               16
 //!  +------+------+-------------+----------------+----------------+----------------+
-//!  | kind | 0    | 0           | credit grant   | rendezvous done| length         |
+//!  | kind | 0    | tag         | credit grant   | rendezvous done| length         |
 //!  +------+------+-------------+----------------+----------------+----------------+
 //! ```
 //!
-//! All fields are big-endian. `credit grant` and `rendezvous done` are cumulative counters
+//! All fields are big-endian. `tag` is the receiving endpoint's number in its context (told
+//! at connect time): the receiver routes the message by it, which XRC needs (messages from
+//! every endpoint of a remote node arrive through one target queue pair). `credit grant` and `rendezvous done` are cumulative counters
 //! (mod 2^32) piggybacked on every message, the same values a peer otherwise writes into
 //! the sender's [`Mailbox`] slot with an RDMA WRITE. A rendezvous request (`Rts`) carries
 //! 16 more bytes: the address (u64) and remote key (u32) of the sender's registered buffer,
@@ -58,6 +60,8 @@ pub enum HeaderError {
 pub struct Header {
     /// The message kind.
     pub kind: Kind,
+    /// The receiving endpoint's number in its context.
+    pub tag: u16,
     /// Cumulative receive credits the sender grants the receiver.
     pub grant: u32,
     /// Cumulative count of the receiver's rendezvous buffers the sender has finished reading.
@@ -84,7 +88,7 @@ impl Header {
         };
         h[0] = self.kind as u8;
         h[1] = 0;
-        h[2..4].copy_from_slice(&[0, 0]);
+        h[2..4].copy_from_slice(&self.tag.to_be_bytes());
         h[4..8].copy_from_slice(&self.grant.to_be_bytes());
         h[8..12].copy_from_slice(&self.rndv_done.to_be_bytes());
         h[12..16].copy_from_slice(&self.len.to_be_bytes());
@@ -114,6 +118,7 @@ impl Header {
         };
         let hdr = Self {
             kind,
+            tag: u16::from_be_bytes([h[2], h[3]]),
             grant: u32_at(4),
             rndv_done: u32_at(8),
             len: u32_at(12),
@@ -197,6 +202,7 @@ mod tests {
     fn round_trip() {
         let h = Header {
             kind: Kind::Data,
+            tag: 0xBEEF,
             grant: 7,
             rndv_done: u32::MAX,
             len: 3,

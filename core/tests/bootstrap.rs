@@ -100,6 +100,9 @@ fn info(qpn: u32) -> EndpointInfo {
         max_message: 1 << 24,
         eager_limit: 16 * 1024,
         context_id: u64::from(qpn) << 32 | 0xabc,
+        node_id: 0x1234,
+        tag: 7,
+        xrc_target: None,
     }
 }
 

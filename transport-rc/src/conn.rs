@@ -20,13 +20,13 @@ use crate::ep::{Ep, Hold, Status};
 use crate::shared::{PostData, Shared, State, post_on};
 
 /// Send queue depth of an endpoint's queue pair.
-fn sq_depth(sh: &Shared) -> u32 {
+pub(crate) fn sq_depth(sh: &Shared) -> u32 {
     sh.cfg.credits.saturating_mul(2).saturating_add(64)
 }
 
 /// The local ACK timeout exponent (4.096 us * 2^t per try) so that 8 tries take about half
 /// the peer timeout.
-fn timeout_exponent(peer_timeout: Duration) -> u8 {
+pub(crate) fn timeout_exponent(peer_timeout: Duration) -> u8 {
     let per_try_ns = (peer_timeout.as_nanos() / 16).max(4096);
     let mut t = 1u8;
     while t < 31 && 4096u128 << t < per_try_ns {
@@ -35,7 +35,7 @@ fn timeout_exponent(peer_timeout: Duration) -> u8 {
     t
 }
 
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x5eed);
@@ -68,7 +68,7 @@ fn create_qp(sh: &Shared) -> Result<QueuePair> {
     Ok(qp)
 }
 
-fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
+pub(crate) fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
     let gid = sh.vctx.query_gid(port, 0)?;
     let udp_port = sh.vctx.port_addr(port).map_or(4791, |a| a.port());
     Ok(PathInfo {
@@ -144,8 +144,14 @@ pub(crate) fn load_alternate(
     Ok(())
 }
 
-/// Registers a new endpoint (not yet connected) and describes it for the peer.
-fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, EndpointInfo)> {
+/// Registers a new endpoint (not yet connected) and describes it for the peer. `qp` is its
+/// RC queue pair, or (XRC) an initiator that may still be replaced by the context's
+/// existing one once the peer's node is known.
+pub(crate) fn register(
+    sh: &Shared,
+    qp: Arc<QueuePair>,
+    psn: u32,
+) -> Result<(usize, u64, EndpointInfo)> {
     let mut st = sh.state.lock();
     if st.eps.len() >= MAX_ENDPOINTS {
         return Err(Error::InvalidArgument(format!(
@@ -161,9 +167,15 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
     let mailbox_off = key * MAILBOX_LEN;
     let _ = sh.mailbox.write_u64(mailbox_off, 0);
     let qpn = qp.qp_num().0;
+    let xrc = sh.node.as_ref();
     let info = EndpointInfo {
-        transport: TransportKind::Rc,
-        qpn,
+        transport: if xrc.is_some() {
+            TransportKind::Xrc
+        } else {
+            TransportKind::Rc
+        },
+        // XRC: the initiator is announced in the second Hello (see xrc.rs).
+        qpn: if xrc.is_some() { 0 } else { qpn },
         psn,
         mtu: sh.mtu_bytes,
         primary: path_info(sh, 1)?,
@@ -172,19 +184,30 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
         } else {
             None
         },
-        srq_nums: Vec::new(),
+        srq_nums: if xrc.is_some() {
+            vec![sh.srq.srq_num()]
+        } else {
+            Vec::new()
+        },
         credits,
         mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
         mailbox_rkey: sh.mailbox.rkey().0,
         max_message: sh.cfg.max_message as u64,
         eager_limit: sh.cfg.rndv_threshold as u32,
         context_id: sh.context_id,
+        node_id: xrc.map_or(0, |n| n.id),
+        tag: key as u32,
+        xrc_target: None,
     };
     st.eps.insert(Ep {
         id,
         key,
         qp,
         qpn,
+        // XRC: set once this node's target for the peer's initiator is known.
+        recv_qpn: if xrc.is_some() { u32::MAX } else { qpn },
+        remote_srqn: None,
+        peer_tag: 0,
         status: Status::Open,
         detached: false,
         close_sent: false,
@@ -216,7 +239,9 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
         keepalive_at: None,
         close_deadline: None,
     });
-    st.by_qpn.insert(qpn, key);
+    if xrc.is_none() {
+        st.by_qpn.insert(qpn, key);
+    }
     if credits < st.budget.target() {
         st.eps[key].in_needy = true;
         st.needy.push_back(key);
@@ -225,9 +250,13 @@ fn register(sh: &Shared, qp: QueuePair, psn: u32) -> Result<(usize, u64, Endpoin
 }
 
 /// Fills in what the peer told us.
-fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
+pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
     let mut st = sh.state.lock();
     if let Some(ep) = st.eps.get_mut(key) {
+        ep.peer_tag = peer.tag as u16;
+        if sh.node.is_some() {
+            ep.remote_srqn = peer.srq_nums.first().copied();
+        }
         ep.send = SendWindow::new(peer.credits);
         ep.peer_mailbox = (peer.mailbox_addr, peer.mailbox_rkey);
         ep.peer_eager_limit = peer.eager_limit as usize;
@@ -242,17 +271,27 @@ fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
     sh.after(&mut st);
 }
 
-fn unregister(sh: &Shared, key: usize) {
+pub(crate) fn unregister(sh: &Shared, key: usize) {
     let mut st = sh.state.lock();
     sh.remove(&mut st, key);
 }
 
-fn check_peer(peer: &EndpointInfo) -> Result<()> {
-    if peer.transport != TransportKind::Rc {
+pub(crate) fn check_peer(sh: &Shared, peer: &EndpointInfo) -> Result<()> {
+    let ours = if sh.node.is_some() {
+        TransportKind::Xrc
+    } else {
+        TransportKind::Rc
+    };
+    if peer.transport != ours {
         return Err(Error::Protocol(format!(
-            "the peer wants transport {:?}, this context uses rc",
+            "the peer uses transport {:?}, this context {ours:?}",
             peer.transport
         )));
+    }
+    if ours == TransportKind::Xrc && peer.srq_nums.len() != 1 {
+        return Err(Error::Protocol(
+            "an XRC peer must name exactly one receive queue".into(),
+        ));
     }
     Ok(())
 }
@@ -263,12 +302,15 @@ pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
     let deadline = Instant::now() + sh.cfg.connect_timeout;
     let mut stream = bootstrap::connect(addr, deadline)?;
     let psn = random_psn();
-    let qp = create_qp(sh)?;
+    if sh.node.is_some() {
+        return crate::xrc::connect(sh, stream, addr, deadline);
+    }
+    let qp = Arc::new(create_qp(sh)?);
     let (key, id, info) = register(sh, qp, psn)?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
-        check_peer(&peer)?;
+        check_peer(sh, &peer)?;
         {
             let st = sh.state.lock();
             let ep = st
@@ -293,7 +335,10 @@ pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> 
     let sh = ctx.shared();
     let deadline = Instant::now() + sh.cfg.connect_timeout;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
-    if let Err(e) = check_peer(&peer) {
+    if sh.node.is_some() && peer.transport == TransportKind::Xrc {
+        return crate::xrc::accept(sh, stream, from, &peer, deadline);
+    }
+    if let Err(e) = check_peer(sh, &peer) {
         let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
         return Err(e);
     }
@@ -305,7 +350,7 @@ pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> 
             return Err(e);
         }
     };
-    let (key, id, info) = register(sh, qp, psn)?;
+    let (key, id, info) = register(sh, Arc::new(qp), psn)?;
     let result = (|| -> Result<()> {
         {
             let st = sh.state.lock();

@@ -17,6 +17,7 @@ use rdmx_verbs::{AccessFlags, AsyncEvent, Device, DeviceOptions, NicCounters, Sr
 
 use crate::endpoint::Endpoint;
 use crate::shared::{Shared, State, Stats};
+use crate::xrc::Node;
 
 /// Most endpoints a context can hold (one mailbox slot each).
 pub const MAX_ENDPOINTS: usize = 1 << 16;
@@ -28,6 +29,7 @@ pub const MAX_ENDPOINTS: usize = 1 << 16;
 pub struct ContextBuilder {
     cfg: ConfigBuilder,
     options: Option<DeviceOptions>,
+    node: Option<Node>,
 }
 
 macro_rules! forward {
@@ -94,6 +96,14 @@ impl ContextBuilder {
         self
     }
 
+    /// Builds an XRC context on `node` (sets the transport to XRC): the contexts of one node
+    /// share its device and XRC domain, and with it one connection per remote node.
+    pub fn node(mut self, node: &Node) -> Self {
+        self.node = Some(node.clone());
+        self.cfg = self.cfg.transport(TransportKind::Xrc);
+        self
+    }
+
     /// Opens the device and sets everything up.
     ///
     /// # Errors
@@ -101,7 +111,7 @@ impl ContextBuilder {
     /// cannot be created.
     pub fn build(self) -> Result<Context> {
         let cfg = self.cfg.resolve()?;
-        Context::open(cfg, self.options)
+        Context::open(cfg, self.options, self.node)
     }
 }
 
@@ -146,29 +156,44 @@ impl Context {
     /// # Errors
     /// As [`ContextBuilder::build`].
     pub fn with_config(cfg: Config) -> Result<Self> {
-        Self::open(cfg, None)
+        Self::open(cfg, None, None)
     }
 
-    fn open(cfg: Config, options: Option<DeviceOptions>) -> Result<Self> {
+    fn open(cfg: Config, options: Option<DeviceOptions>, node: Option<Node>) -> Result<Self> {
         cfg.validate()?;
-        if cfg.transport == TransportKind::Xrc {
-            return Err(Error::Config(
-                "transport xrc is not available yet; use rc".into(),
-            ));
-        }
-        let vctx = match options {
-            Some(o) => Device::open_with(&cfg.device, o)?,
-            None => Device::open(&cfg.device)?,
+        // XRC contexts live on a node (given, or one of their own).
+        let mut options = options;
+        let node = match (cfg.transport, node) {
+            (TransportKind::Xrc, Some(n)) => Some(n),
+            (TransportKind::Xrc, None) => Some(match options.take() {
+                Some(o) => Node::open_with(&cfg.device, o)?,
+                None => Node::open(&cfg.device)?,
+            }),
+            (TransportKind::Rc, _) => None,
+        };
+        let (vctx, pd) = match &node {
+            Some(n) => (n.inner.vctx.clone(), n.inner.pd.clone()),
+            None => {
+                let vctx = match options {
+                    Some(o) => Device::open_with(&cfg.device, o)?,
+                    None => Device::open(&cfg.device)?,
+                };
+                let pd = vctx.alloc_pd()?;
+                (vctx, pd)
+            }
         };
         let dev = vctx.query_device();
-        let pd = vctx.alloc_pd()?;
         let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);
         let cq = vctx.create_cq(cqe, None)?;
-        let srq = pd.create_srq(&SrqInitAttr {
+        let srq_attr = SrqInitAttr {
             max_wr: cfg.srq_depth,
             max_sge: 1,
             srq_limit: (cfg.srq_depth / 4).max(1),
-        })?;
+        };
+        let srq = match &node {
+            Some(n) => pd.create_xrc_srq(&n.inner.xrcd, &cq, &srq_attr)?,
+            None => pd.create_srq(&srq_attr)?,
+        };
         let mailbox = pd.reg_mr(
             MAX_ENDPOINTS * MAILBOX_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
@@ -201,6 +226,8 @@ impl Context {
             max_inline_data,
             mtu_bytes: port.active_mtu.bytes() as u32,
             ports: dev.phys_port_cnt,
+            node: node.map(|n| n.inner),
+            xrc_lock: Mutex::new(()),
             context_id: random_u64(),
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),
@@ -345,6 +372,18 @@ impl Context {
         self.shared().state.lock().eps.len()
     }
 
+    /// Queue pairs this context created for its endpoints: one per endpoint with RC, one
+    /// initiator per remote node with XRC (the node's target queue pairs are counted by
+    /// [`Node::target_qps`]).
+    pub fn queue_pairs(&self) -> usize {
+        let st = self.shared().state.lock();
+        if self.shared().node.is_some() {
+            st.initiators.len()
+        } else {
+            st.eps.len()
+        }
+    }
+
     /// Receive buffers posted on the shared receive queue now.
     pub fn posted_receives(&self) -> u64 {
         self.shared().state.lock().budget.posted
@@ -409,7 +448,7 @@ fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
         .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

@@ -64,8 +64,18 @@ pub(crate) struct Ep {
     pub(crate) id: u64,
     /// Index in the context's endpoint table (also in work-request ids).
     pub(crate) key: usize,
-    pub(crate) qp: QueuePair,
+    /// The queue pair it sends on: its own RC queue pair, or the context's XRC initiator
+    /// towards the peer's node (shared with the other endpoints to that node).
+    pub(crate) qp: std::sync::Arc<QueuePair>,
+    /// Number of `qp` (send completions carry it).
     pub(crate) qpn: u32,
+    /// Number of the queue pair its messages arrive through (the RC queue pair, or this
+    /// node's XRC target for the peer's initiator).
+    pub(crate) recv_qpn: u32,
+    /// XRC: the peer context's receive queue.
+    pub(crate) remote_srqn: Option<u32>,
+    /// The peer's number for this endpoint (the header tag of everything we send).
+    pub(crate) peer_tag: u16,
     pub(crate) status: Status,
     /// The application's handle was dropped: remove once down.
     pub(crate) detached: bool,

@@ -37,7 +37,9 @@ mod context;
 mod endpoint;
 mod ep;
 mod shared;
+mod xrc;
 
 pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
 pub use endpoint::{Endpoint, LocalRegion, Message, RemoteRegion};
 pub use shared::Stats;
+pub use xrc::Node;

@@ -7,6 +7,7 @@
 //! polls. A background thread (see `context.rs`) only takes over when nobody is polling.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Instant;
 
@@ -73,6 +74,8 @@ pub(crate) struct State {
     pub(crate) stats: Stats,
     /// Some endpoint is closing, or down with its handle gone: `reap` has work.
     pub(crate) reap_pending: bool,
+    /// XRC: this context's initiator towards each remote node.
+    pub(crate) initiators: HashMap<u64, crate::xrc::Initiator>,
     wc: Vec<WorkCompletion>,
 }
 
@@ -92,6 +95,7 @@ impl State {
             next_id: 1,
             stats: Stats::default(),
             reap_pending: false,
+            initiators: HashMap::new(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }
@@ -115,6 +119,10 @@ pub(crate) struct Shared {
     pub(crate) mtu_bytes: u32,
     /// Ports of the device (two give endpoints an alternate path).
     pub(crate) ports: u8,
+    /// XRC: the node (device and XRC domain) the context lives on.
+    pub(crate) node: Option<Arc<crate::xrc::NodeInner>>,
+    /// XRC: one connection exchange at a time per context (they share initiators).
+    pub(crate) xrc_lock: Mutex<()>,
     pub(crate) context_id: u64,
     pub(crate) start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.
@@ -208,23 +216,43 @@ impl Shared {
             return;
         };
         st.budget.posted = st.budget.posted.saturating_sub(1);
-        let key = st.by_qpn.get(&c.qp_num.0).copied();
-        let ep_ok = key.is_some_and(|k| st.eps.get(k).is_some_and(|e| e.qpn == c.qp_num.0));
-        if c.status != WcStatus::Success || !ep_ok {
-            if c.status != WcStatus::Success && c.status != WcStatus::WrFlushErr {
-                tracing::debug!(status = ?c.status, qpn = c.qp_num.0, "receive completion error");
+        let qpn = c.qp_num.0;
+        // Route by the header's tag (XRC needs it: one target queue pair carries the messages
+        // of every endpoint behind a remote initiator), checked against the queue pair the
+        // message came through. An RC message whose header is unreadable is still traced to
+        // its endpoint by its queue pair, to take that endpoint down.
+        let parsed = if c.status == WcStatus::Success && buf.set_len(c.byte_len as usize).is_ok() {
+            Some(Header::parse(&buf))
+        } else {
+            None
+        };
+        let by_tag = match &parsed {
+            Some(Ok(h)) => Some(usize::from(h.tag)),
+            _ => st.by_qpn.get(&qpn).copied(),
+        };
+        let key = by_tag.filter(|&k| st.eps.get(k).is_some_and(|e| e.recv_qpn == qpn));
+        let hdr = match (parsed, key) {
+            (Some(Ok(h)), Some(_)) => h,
+            (parsed, key) => {
+                st.stats.stray_completions += 1;
+                let cause = match parsed {
+                    Some(Err(e)) => {
+                        st.stats.protocol_errors += 1;
+                        Some(DisconnectCause::Protocol(e.to_string()))
+                    }
+                    None if c.status != WcStatus::WrFlushErr => {
+                        tracing::debug!(status = ?c.status, qpn, "receive completion error");
+                        Some(DisconnectCause::TransportError(format!("{:?}", c.status)))
+                    }
+                    _ => None,
+                };
+                if let (Some(k), Some(cause)) = (key, cause) {
+                    self.fail(st, k, cause);
+                }
+                self.repost(st, buf);
+                return;
             }
-            st.stats.stray_completions += 1;
-            if let (Some(k), true) = (key, c.status != WcStatus::WrFlushErr && ep_ok) {
-                self.fail(
-                    st,
-                    k,
-                    DisconnectCause::TransportError(format!("{:?}", c.status)),
-                );
-            }
-            self.repost(st, buf);
-            return;
-        }
+        };
         let Some(k) = key else { return };
         // The peer used one of our credits.
         let credited = {
@@ -248,20 +276,6 @@ impl Shared {
             return;
         }
         self.mark_needy(st, k);
-        let len = c.byte_len as usize;
-        if buf.set_len(len).is_err() {
-            self.repost(st, buf);
-            return;
-        }
-        let hdr = match Header::parse(&buf) {
-            Ok(h) => h,
-            Err(e) => {
-                st.stats.protocol_errors += 1;
-                self.fail(st, k, DisconnectCause::Protocol(e.to_string()));
-                self.repost(st, buf);
-                return;
-            }
-        };
         self.apply_peer_counters(
             st,
             k,
@@ -366,8 +380,24 @@ impl Shared {
                 s => DisconnectCause::TransportError(format!("{s:?}")),
             };
             if c.status != WcStatus::WrFlushErr || ep.is_open() {
-                self.fail(st, k, cause);
+                self.fail_qp(st, c.qp_num.0, cause);
             }
+        }
+    }
+
+    /// A queue pair broke: every endpoint sending on it goes down (one for RC; all the
+    /// endpoints behind an XRC initiator), and a broken initiator is forgotten so the next
+    /// connection to that node makes a new one.
+    fn fail_qp(&self, st: &mut State, qpn: u32, cause: DisconnectCause) {
+        let keys: Vec<usize> = st
+            .eps
+            .iter()
+            .filter(|(_, e)| e.qpn == qpn)
+            .map(|(k, _)| k)
+            .collect();
+        st.initiators.retain(|_, i| i.qp.qp_num().0 != qpn);
+        for k in keys {
+            self.fail(st, k, cause.clone());
         }
     }
 
@@ -399,9 +429,9 @@ impl Shared {
                 st.dirty.push(k);
             }
         } else if c.status != WcStatus::WrFlushErr {
-            self.fail(
+            self.fail_qp(
                 st,
-                k,
+                c.qp_num.0,
                 DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
             );
         }
@@ -621,7 +651,7 @@ impl Shared {
                 let sge = d.sge();
                 let seq = ep.next_seq;
                 ep.next_seq = ep.next_seq.wrapping_add(1);
-                let wr = SendWr::new(
+                let mut wr = SendWr::new(
                     wrid::make(wrid::READ, k, seq),
                     WrOpcode::RdmaRead {
                         remote_addr: rts.addr,
@@ -630,6 +660,7 @@ impl Shared {
                     std::slice::from_ref(&sge),
                 )
                 .signaled();
+                wr.remote_srqn = ep.remote_srqn;
                 match ep.qp.post_send(&wr) {
                     Ok(()) => {
                         ep.inflight.push_back((seq, Hold::None));
@@ -660,13 +691,17 @@ impl Shared {
         }
         tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
         ep.status = Status::Down(cause.clone());
-        let _ = ep.qp.modify(
-            &QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        );
+        // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
+        // by `fail_qp` when it breaks).
+        if Arc::strong_count(&ep.qp) == 1 {
+            let _ = ep.qp.modify(
+                &QpAttr {
+                    qp_state: QpState::Err,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::STATE,
+            );
+        }
         ep.signaled_out = 0;
         // Operations still waiting get an error now. Their buffers, like every buffer a
         // posted work request names, stay in the endpoint until the flush completion of that
@@ -704,6 +739,7 @@ impl Shared {
             {
                 let h = Header {
                     kind: Kind::Close,
+                    tag: ep.peer_tag,
                     grant: ep.recv.advertise(),
                     rndv_done: ep.rndv_in_done,
                     len: 0,
@@ -750,7 +786,9 @@ impl Shared {
         let Some(ep) = st.eps.try_remove(k) else {
             return;
         };
-        st.by_qpn.remove(&ep.qpn);
+        if st.by_qpn.get(&ep.qpn) == Some(&k) {
+            st.by_qpn.remove(&ep.qpn);
+        }
         st.budget.remove_endpoint(&ep.recv);
         st.needy.retain(|&x| x != k);
         st.dirty.retain(|&x| x != k);
@@ -812,6 +850,7 @@ impl Shared {
         let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
         let mut hdr = Header {
             kind: Kind::Data,
+            tag: ep.peer_tag,
             grant: 0,
             rndv_done: ep.rndv_in_done,
             len: len as u32,
@@ -985,6 +1024,7 @@ pub(crate) fn post_on(
         (PostData::Buf, _) => SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]),
     };
     wr.wr_id = wrid::make(wrid::SEND, ep.key, seq);
+    wr.remote_srqn = ep.remote_srqn;
     if signal {
         wr.send_flags |= SendFlags::SIGNALED;
     }

@@ -1,0 +1,407 @@
+//! XRC endpoints: contexts on one node share a connection per remote node.
+//!
+//! A [`Node`] is one device with one XRC domain. Every XRC context on it has its own XRC
+//! shared receive queue in that domain. Towards each remote node a context keeps **one**
+//! initiator queue pair (XRC_SEND), whatever the number of endpoints it has there; a message
+//! names the remote context's receive queue by its SRQ number. The remote node keeps one
+//! target queue pair (XRC_RECV) per remote initiator, shared by all of its contexts. So with
+//! N contexts per node, a pair of nodes needs N initiators and N targets per direction,
+//! where RC needs N x N queue pairs.
+//!
+//! Messages from every endpoint behind one initiator arrive through one target queue pair,
+//! so the receiving context routes them by the header's tag (the endpoint number it gave
+//! the peer), checked against the target queue pair they came through.
+//!
+//! The exchange, over the bootstrap TCP connection (`A` connects to `B`):
+//!
+//! 1. A -> B `Hello` (A's node, tag, SRQ number, mailbox, credits; no queue pair yet);
+//! 2. B -> A `Accept` (B's node, and B's initiator towards A's node, new or already there);
+//! 3. A -> B `Hello` again, now with A's initiator towards B's node and the target queue pair
+//!    A's node has (or has just made) for B's initiator;
+//! 4. B -> A `XrcTarget`: the target queue pair B's node has for A's initiator.
+//!
+//! Each side connects its initiator to the other's target when it is new. Processes cannot
+//! share an XRC domain on the soft provider (each process is its own NIC), so a node is a set
+//! of contexts in one process (thread groups, as DESIGN.md puts it); on hardware the domain
+//! could also be shared between processes through a file, which is not done yet.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo};
+use rdmx_core::{Error, Result};
+use rdmx_verbs::{
+    AccessFlags, AhAttr, Device, DeviceOptions, Gid, Mtu, ProtectionDomain, QpAttr,
+    QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair, XrcDomain,
+};
+
+use crate::endpoint::Endpoint;
+use crate::shared::Shared;
+
+/// One device with one XRC domain, shared by the XRC contexts built on it
+/// (`ContextBuilder::node`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<NodeInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct NodeInner {
+    pub(crate) vctx: rdmx_verbs::Context,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) xrcd: XrcDomain,
+    pub(crate) id: u64,
+    /// Target queue pairs by (remote node, remote initiator QP number).
+    targets: Mutex<HashMap<(u64, u32), QueuePair>>,
+}
+
+impl Node {
+    /// Opens `device` and an XRC domain on it.
+    ///
+    /// # Errors
+    /// `Verbs` when the device cannot be opened or has no XRC.
+    pub fn open(device: &str) -> Result<Self> {
+        Self::from_context(Device::open(device)?)
+    }
+
+    /// [`open`](Self::open) with device options (soft provider: fault injection).
+    ///
+    /// # Errors
+    /// As `open`.
+    pub fn open_with(device: &str, options: DeviceOptions) -> Result<Self> {
+        Self::from_context(Device::open_with(device, options)?)
+    }
+
+    fn from_context(vctx: rdmx_verbs::Context) -> Result<Self> {
+        if !vctx.query_device().xrc {
+            return Err(Error::Config(format!("device {} has no XRC", vctx.name())));
+        }
+        let pd = vctx.alloc_pd()?;
+        let xrcd = vctx.open_xrcd()?;
+        Ok(Self {
+            inner: Arc::new(NodeInner {
+                vctx,
+                pd,
+                xrcd,
+                id: crate::context::random_u64(),
+                targets: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The node's random identifier (sent to peers).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Target queue pairs on this node (one per remote initiator).
+    pub fn target_qps(&self) -> usize {
+        self.inner.targets.lock().len()
+    }
+}
+
+/// A context's initiator towards one remote node.
+#[derive(Debug)]
+pub(crate) struct Initiator {
+    pub(crate) qp: Arc<QueuePair>,
+    pub(crate) psn: u32,
+    pub(crate) connected: bool,
+}
+
+/// Creates an initiator queue pair (moved to INIT).
+pub(crate) fn create_initiator(sh: &Shared, sq_depth: u32) -> Result<QueuePair> {
+    let mut attr = QpInitAttr::xrc_send(&sh.cq);
+    attr.cap = QpCap {
+        max_send_wr: sq_depth,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: sh.max_inline_data,
+    };
+    let qp = sh.pd.create_qp(&attr)?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )?;
+    Ok(qp)
+}
+
+fn path_mtu(sh: &Shared, peer_mtu: u32) -> Mtu {
+    Mtu::from_bytes_floor(peer_mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024)
+}
+
+fn av(path: &PathInfo) -> AhAttr {
+    AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port)
+}
+
+/// Moves an initiator to RTR and RTS towards the remote target queue pair `target`.
+pub(crate) fn connect_initiator(
+    sh: &Shared,
+    ini: &Initiator,
+    target: u32,
+    path: &PathInfo,
+    peer_mtu: u32,
+) -> Result<()> {
+    ini.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: av(path),
+            path_mtu: path_mtu(sh, peer_mtu),
+            dest_qp_num: target,
+            // The target's responses carry our own PSNs; rq_psn is unused on an initiator.
+            rq_psn: 0,
+            ..QpAttr::default()
+        },
+        M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+    )?;
+    ini.qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            timeout: crate::conn::timeout_exponent(sh.cfg.peer_timeout),
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: ini.psn,
+            max_rd_atomic: 16,
+            ..QpAttr::default()
+        },
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    )?;
+    Ok(())
+}
+
+/// The target queue pair this node has for the remote initiator (`peer_node`,
+/// `ini_qpn`), created and connected if it is new. Returns its number.
+pub(crate) fn target_for(
+    sh: &Shared,
+    node: &NodeInner,
+    peer_node: u64,
+    ini_qpn: u32,
+    ini_psn: u32,
+    path: &PathInfo,
+    peer_mtu: u32,
+) -> Result<u32> {
+    let mut targets = node.targets.lock();
+    if let Some(t) = targets.get(&(peer_node, ini_qpn)) {
+        return Ok(t.qp_num().0);
+    }
+    let tgt = node.pd.create_xrc_target_qp(&node.xrcd)?;
+    tgt.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )?;
+    tgt.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: av(path),
+            path_mtu: path_mtu(sh, peer_mtu),
+            dest_qp_num: ini_qpn,
+            rq_psn: ini_psn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        },
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )?;
+    tgt.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            timeout: crate::conn::timeout_exponent(sh.cfg.peer_timeout),
+            sq_psn: 0,
+            ..QpAttr::default()
+        },
+        M::STATE | M::TIMEOUT | M::SQ_PSN,
+    )?;
+    let n = tgt.qp_num().0;
+    targets.insert((peer_node, ini_qpn), tgt);
+    Ok(n)
+}
+
+/// Send queue depth of an initiator (shared by the context's endpoints to one node).
+fn initiator_depth(sh: &Shared) -> u32 {
+    sh.vctx.query_device().max_qp_wr.clamp(256, 16_384)
+}
+
+/// The context's initiator towards `peer_node` (made, not yet connected, if there is none,
+/// from `fresh` when given): its queue pair, first PSN and whether it is connected.
+fn initiator_for(
+    sh: &Shared,
+    peer_node: u64,
+    fresh: Option<(Arc<QueuePair>, u32)>,
+) -> Result<(Arc<QueuePair>, u32, bool)> {
+    let mut st = sh.state.lock();
+    if let Some(i) = st.initiators.get(&peer_node) {
+        return Ok((Arc::clone(&i.qp), i.psn, i.connected));
+    }
+    let (qp, psn) = match fresh {
+        Some(f) => f,
+        None => (
+            Arc::new(create_initiator(sh, initiator_depth(sh))?),
+            crate::conn::random_psn(),
+        ),
+    };
+    st.initiators.insert(
+        peer_node,
+        Initiator {
+            qp: Arc::clone(&qp),
+            psn,
+            connected: false,
+        },
+    );
+    Ok((qp, psn, false))
+}
+
+/// Connects the context's initiator towards `peer_node` to `target`, unless it already is.
+fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInfo) -> Result<()> {
+    let mut st = sh.state.lock();
+    let Some(ini) = st.initiators.get_mut(&peer_node) else {
+        return Err(Error::Protocol(
+            "the initiator went away while connecting".into(),
+        ));
+    };
+    if !ini.connected {
+        connect_initiator(sh, ini, target, &peer.primary, peer.mtu)?;
+        ini.connected = true;
+    }
+    Ok(())
+}
+
+/// Points the endpoint at the shared initiator and this node's target for the peer.
+fn attach(sh: &Shared, key: usize, qp: Arc<QueuePair>, recv_qpn: u32) {
+    let mut st = sh.state.lock();
+    if let Some(ep) = st.eps.get_mut(key) {
+        ep.qpn = qp.qp_num().0;
+        ep.qp = qp;
+        ep.recv_qpn = recv_qpn;
+    }
+}
+
+fn node(sh: &Shared) -> Result<Arc<NodeInner>> {
+    sh.node
+        .clone()
+        .ok_or_else(|| Error::Config("not an XRC context".into()))
+}
+
+/// The connecting side of an XRC endpoint (steps 1 to 4 of the module docs).
+pub(crate) fn connect(
+    sh: &Arc<Shared>,
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<Endpoint> {
+    let _one_at_a_time = sh.xrc_lock.lock();
+    let node = node(sh)?;
+    // A new initiator, used only if this context has none towards the peer's node yet
+    // (which is known from the Accept).
+    let fresh = Arc::new(create_initiator(sh, initiator_depth(sh))?);
+    let fresh_psn = crate::conn::random_psn();
+    let (key, id, info) = crate::conn::register(sh, Arc::clone(&fresh), fresh_psn)?;
+    let result = (|| -> Result<()> {
+        bootstrap::send_frame(&mut stream, &Frame::Hello(info.clone()), deadline)?;
+        let peer = bootstrap::expect_accept(&mut stream, deadline)?;
+        crate::conn::check_peer(sh, &peer)?;
+        let (ini, ini_psn, _) = initiator_for(sh, peer.node_id, Some((fresh, fresh_psn)))?;
+        let my_target = target_for(
+            sh,
+            &node,
+            peer.node_id,
+            peer.qpn,
+            peer.psn,
+            &peer.primary,
+            peer.mtu,
+        )?;
+        let second = EndpointInfo {
+            qpn: ini.qp_num().0,
+            psn: ini_psn,
+            xrc_target: Some(my_target),
+            ..info
+        };
+        bootstrap::send_frame(&mut stream, &Frame::Hello(second), deadline)?;
+        let their_target = bootstrap::expect_xrc_target(&mut stream, deadline)?;
+        ensure_connected(sh, peer.node_id, their_target, &peer)?;
+        attach(sh, key, ini, my_target);
+        crate::conn::complete(sh, key, &peer);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        crate::conn::unregister(sh, key);
+        return Err(e);
+    }
+    tracing::debug!(endpoint = id, %addr, "connected (xrc)");
+    Ok(Endpoint::new(Arc::clone(sh), key, id))
+}
+
+/// The listening side of an XRC endpoint, after the first `Hello`.
+pub(crate) fn accept(
+    sh: &Arc<Shared>,
+    mut stream: TcpStream,
+    from: SocketAddr,
+    hello: &EndpointInfo,
+    deadline: Instant,
+) -> Result<Endpoint> {
+    let _one_at_a_time = sh.xrc_lock.lock();
+    if let Err(e) = crate::conn::check_peer(sh, hello) {
+        let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
+        return Err(e);
+    }
+    let node = node(sh)?;
+    let (ini, ini_psn, _) = initiator_for(sh, hello.node_id, None)?;
+    let (key, id, info) = crate::conn::register(sh, Arc::clone(&ini), ini_psn)?;
+    let result = (|| -> Result<()> {
+        let accept = EndpointInfo {
+            qpn: ini.qp_num().0,
+            psn: ini_psn,
+            ..info
+        };
+        bootstrap::send_frame(&mut stream, &Frame::Accept(accept), deadline)?;
+        let peer = bootstrap::expect_hello(&mut stream, deadline)?;
+        if peer.node_id != hello.node_id || peer.tag != hello.tag {
+            return Err(Error::Protocol(
+                "the second XRC hello names another node or endpoint".into(),
+            ));
+        }
+        let their_target = peer
+            .xrc_target
+            .ok_or_else(|| Error::Protocol("the second XRC hello has no target".into()))?;
+        let my_target = target_for(
+            sh,
+            &node,
+            peer.node_id,
+            peer.qpn,
+            peer.psn,
+            &peer.primary,
+            peer.mtu,
+        )?;
+        bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
+        ensure_connected(sh, peer.node_id, their_target, &peer)?;
+        attach(sh, key, ini, my_target);
+        crate::conn::complete(sh, key, &peer);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        crate::conn::unregister(sh, key);
+        return Err(e);
+    }
+    tracing::debug!(endpoint = id, %from, "accepted (xrc)");
+    Ok(Endpoint::new(Arc::clone(sh), key, id))
+}

@@ -1,0 +1,140 @@
+//! XRC endpoints: contexts on one node share one connection per remote node.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use rdmx_core::Error;
+use rdmx_rc::{Context, Endpoint, Node};
+
+fn connect_pair(a: &Context, b: &Context) -> (Endpoint, Endpoint) {
+    let listener = b.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || listener.accept().unwrap());
+    let ea = a.connect(addr).unwrap();
+    (ea, t.join().unwrap())
+}
+
+fn ping_pong(a: &Endpoint, b: &Endpoint, tag: u8) {
+    for (i, len) in [3usize, 150, 3000, 40_000].into_iter().enumerate() {
+        let data: Vec<u8> = (0..len).map(|j| (j as u8) ^ tag ^ i as u8).collect();
+        a.send_timeout(&data, Duration::from_secs(10)).unwrap();
+        let m = b.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(m[..] == data[..], "a->b message of {len} bytes");
+        b.send_timeout(&m, Duration::from_secs(10)).unwrap();
+        drop(m);
+        let back = a.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(back[..] == data[..], "b->a message of {len} bytes");
+    }
+}
+
+#[test]
+fn xrc_endpoints_carry_every_protocol() {
+    let a = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .build()
+        .unwrap();
+    let b = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .build()
+        .unwrap();
+    let (ea, eb) = connect_pair(&a, &b);
+    ping_pong(&ea, &eb, 1);
+    // One-sided operations go through the initiator too.
+    let region = b.register(4096).unwrap();
+    eb.send(&region.remote().to_bytes()).unwrap();
+    let m = ea.recv_timeout(Duration::from_secs(5)).unwrap();
+    let remote = rdmx_rc::RemoteRegion::from_bytes(&m).unwrap();
+    ea.write(&remote, 8, b"xrc").unwrap();
+    assert_eq!(region.memory().to_vec(8, 3).unwrap(), b"xrc");
+    assert_eq!(&ea.read(&remote, 8, 3).unwrap()[..], b"xrc");
+    assert_eq!(ea.fetch_add(&remote, 64, 2).unwrap(), 0);
+    // An RC context is refused with a clear error.
+    let rc = Context::builder().build().unwrap();
+    let listener = b.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || listener.accept());
+    let err = rc.connect(addr).unwrap_err();
+    assert!(
+        matches!(err, Error::Bootstrap(_) | Error::Protocol(_)),
+        "{err}"
+    );
+    assert!(t.join().unwrap().is_err());
+    // Orderly close over XRC.
+    ea.close().unwrap();
+    assert!(matches!(
+        eb.recv_timeout(Duration::from_secs(5)),
+        Err(Error::Disconnected(rdmx_core::DisconnectCause::PeerClosed))
+    ));
+    assert_eq!(a.device_counters().rnr_naks_sent, 0);
+    assert_eq!(b.device_counters().rnr_naks_sent, 0);
+}
+
+/// 2 nodes x 4 contexts, every context of node A connected to every context of node B:
+/// 16 endpoints. RC needs a queue pair per endpoint on each side; XRC one initiator per
+/// context and remote node, plus one target per remote initiator.
+#[test]
+fn xrc_needs_a_connection_per_node_not_per_context() {
+    const N: usize = 4;
+    let node_a = Node::open("soft:127.0.0.1").unwrap();
+    let node_b = Node::open("soft:127.0.0.1").unwrap();
+    let on = |n: &Node| {
+        (0..N)
+            .map(|_| Context::builder().node(n).srq_depth(256).build().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (ctx_a, ctx_b) = (on(&node_a), on(&node_b));
+    let mut pairs = Vec::new();
+    for (i, a) in ctx_a.iter().enumerate() {
+        for (j, b) in ctx_b.iter().enumerate() {
+            let (ea, eb) = connect_pair(a, b);
+            ping_pong(&ea, &eb, (i * N + j) as u8);
+            pairs.push((ea, eb));
+        }
+    }
+    // Every endpoint still works after all the others were set up (shared initiators).
+    for (k, (ea, eb)) in pairs.iter().enumerate() {
+        ea.send(&[k as u8; 32]).unwrap();
+        assert_eq!(
+            eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+            [k as u8; 32]
+        );
+    }
+    let xrc_a: usize = ctx_a.iter().map(Context::queue_pairs).sum();
+    let xrc_b: usize = ctx_b.iter().map(Context::queue_pairs).sum();
+    assert_eq!(
+        (xrc_a, xrc_b),
+        (N, N),
+        "initiators: one per context and remote node"
+    );
+    assert_eq!(
+        node_a.target_qps(),
+        N,
+        "targets on A: one per initiator of B"
+    );
+    assert_eq!(
+        node_b.target_qps(),
+        N,
+        "targets on B: one per initiator of A"
+    );
+
+    // The same mesh over RC.
+    let rc_a: Vec<Context> = (0..N)
+        .map(|_| Context::builder().srq_depth(256).build().unwrap())
+        .collect();
+    let rc_b: Vec<Context> = (0..N)
+        .map(|_| Context::builder().srq_depth(256).build().unwrap())
+        .collect();
+    let mut rc_pairs = Vec::new();
+    for a in &rc_a {
+        for b in &rc_b {
+            rc_pairs.push(connect_pair(a, b));
+        }
+    }
+    let rc_qps: usize = rc_a.iter().map(Context::queue_pairs).sum();
+    assert_eq!(rc_qps, N * N);
+    eprintln!(
+        "{N} x {N} contexts: RC {rc_qps} queue pairs per node; XRC {xrc_a} initiators + {} \
+         targets per node ({xrc_a} initiators per direction)",
+        node_a.target_qps()
+    );
+}
