@@ -1,5 +1,5 @@
 //! End-to-end tests of `rdmx perf --layer msg --local`: the message-layer tests between two
-//! processes over the soft provider, and the clear refusals (`--transport xrc`, `ud`, tests
+//! processes over the soft provider (RC and XRC), and the clear refusals (`ud`, tests
 //! of the other layer).
 
 mod common;
@@ -81,6 +81,11 @@ fn positive(v: &Value, key: &str) -> f64 {
 /// Checks the fields every message-layer result has (the verbs tests' schema plus
 /// `layer`); returns the bandwidth in MB/s.
 fn check_common(v: &Value, test: &str, size: u64, iters: u64) -> f64 {
+    check_transport(v, "rc", test, size, iters)
+}
+
+/// [`check_common`] for a given transport.
+fn check_transport(v: &Value, transport: &str, test: &str, size: u64, iters: u64) -> f64 {
     for key in [
         "test",
         "transport",
@@ -105,7 +110,7 @@ fn check_common(v: &Value, test: &str, size: u64, iters: u64) -> f64 {
     }
     assert_eq!(v["layer"], "msg", "{v}");
     assert_eq!(v["test"], test, "{v}");
-    assert_eq!(v["transport"], "rc", "{v}");
+    assert_eq!(v["transport"], transport, "{v}");
     assert_eq!(v["size"].as_u64(), Some(size), "{v}");
     assert_eq!(v["iters"].as_u64(), Some(iters), "{v}");
     assert_eq!(v["busy_poll"], false, "{v}");
@@ -184,18 +189,22 @@ fn fails(args: &[&str]) -> String {
 }
 
 #[test]
-fn xrc_is_not_available_yet() {
-    let e = fails(&[
-        "perf",
-        "--layer",
-        "msg",
-        "--local",
+fn xrc_lat_and_bw() {
+    let lines = perf_json(&["--test", "lat", "--iters", "200", "--transport", "xrc"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_transport(&lines[0], "xrc", "lat", 8, 200);
+    let lines = perf_json(&[
         "--test",
-        "lat",
+        "bw",
+        "--size",
+        "65536",
+        "--iters",
+        "100",
         "--transport",
         "xrc",
     ]);
-    assert!(e.contains("xrc") && e.contains("not available yet"), "{e}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_transport(&lines[0], "xrc", "bw", 65536, 100);
 }
 
 #[test]

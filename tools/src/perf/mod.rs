@@ -209,7 +209,7 @@ pub(crate) enum TransportArg {
     /// Unreliable datagram queue pairs (verbs layer: send_lat and send_bw only; messages up
     /// to the MTU).
     Ud,
-    /// XRC (message layer; not available yet).
+    /// XRC (message layer only).
     Xrc,
 }
 
@@ -221,8 +221,7 @@ impl TransportArg {
             Self::Ud => Ok(Transport::Ud),
             Self::Xrc => Err(Error::msg(
                 "--transport xrc is not a verbs-level perf transport (use rc or ud); XRC \
-                 endpoints belong to the message layer (--layer msg), where they are not \
-                 available yet",
+                 endpoints belong to the message layer (--layer msg --transport xrc)",
             )),
         }
     }

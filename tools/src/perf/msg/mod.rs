@@ -217,7 +217,7 @@ fn transport(arg: TransportArg) -> Result<MsgTransport> {
         TransportArg::Xrc => Ok(MsgTransport::Xrc),
         TransportArg::Ud => Err(Error::msg(
             "--transport ud is not a message-layer transport: rdmx endpoints are reliable \
-             (rc; xrc later); measure UD queue pairs at the verbs level (--layer verbs)",
+             (rc, xrc); measure UD queue pairs at the verbs level (--layer verbs)",
         )),
     }
 }
@@ -243,11 +243,6 @@ fn open_context(device: Option<&str>, transport: MsgTransport, busy: bool) -> Re
     }
     b.build().map_err(|e| {
         let what = match (transport, &e, device) {
-            (MsgTransport::Xrc, rdmx::Error::Config(_), _) => {
-                "--transport xrc: XRC endpoints are not available yet in the message layer \
-                 (use --transport rc)"
-                    .to_string()
-            }
             (_, _, Some(d)) => format!("creating the message-layer context on device {d}"),
             (_, _, None) => "creating the message-layer context".to_string(),
         };
