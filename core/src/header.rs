@@ -22,8 +22,12 @@
 pub const HEADER_LEN: usize = 16;
 /// Length of a rendezvous request (header plus buffer descriptor).
 pub const RTS_LEN: usize = HEADER_LEN + 16;
-/// Length of a mailbox slot (one aligned 64-bit word: credit grant low, rendezvous done high).
-pub const MAILBOX_LEN: usize = 8;
+/// Length of a mailbox slot: two aligned 64-bit words. The first is a [`Mailbox`] (credit
+/// grant low, rendezvous done high), the second a [`Recall`] (credits returned low, recall
+/// requests high). Each word is written and read as a whole.
+pub const MAILBOX_LEN: usize = 16;
+/// Offset of the [`Recall`] word in a slot.
+pub const RECALL_OFF: usize = 8;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +188,33 @@ impl Mailbox {
         Self {
             grant: w as u32,
             rndv_done: (w >> 32) as u32,
+        }
+    }
+}
+
+/// The second word of a mailbox slot: credit recall. A receiver short of buffers asks an idle
+/// sender to give back credits it is not using (`recall`, a request counter); the sender
+/// answers by counting them as used (`returned`, cumulative). Both are written by the slot's
+/// peer into the slot of the other side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Recall {
+    /// Cumulative credits the writer gave back to the reader.
+    pub returned: u32,
+    /// Cumulative recall requests the writer made to the reader.
+    pub recall: u32,
+}
+
+impl Recall {
+    /// The word.
+    pub fn to_word(self) -> u64 {
+        u64::from(self.returned) | (u64::from(self.recall) << 32)
+    }
+
+    /// From the word.
+    pub fn from_word(w: u64) -> Self {
+        Self {
+            returned: w as u32,
+            recall: (w >> 32) as u32,
         }
     }
 }

@@ -165,7 +165,7 @@ pub(crate) fn register(
     let id = st.next_id;
     st.next_id += 1;
     let mailbox_off = key * MAILBOX_LEN;
-    let _ = sh.mailbox.write_u64(mailbox_off, 0);
+    let _ = sh.mailbox.write(mailbox_off, &[0; MAILBOX_LEN]);
     let qpn = qp.qp_num().0;
     let xrc = sh.node.as_ref();
     let info = EndpointInfo {
@@ -238,6 +238,7 @@ pub(crate) fn register(
         last_rx: Instant::now(),
         keepalive_at: None,
         close_deadline: None,
+        recall: crate::ep::RecallState::default(),
     });
     if xrc.is_none() {
         st.by_qpn.insert(qpn, key);
@@ -411,6 +412,7 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
             ep.keepalive_at = Some(now);
         }
     }
+    crate::recall::tick(sh, st, now, sh.keepalive_tick());
     for k in expired {
         sh.fail(
             st,

@@ -533,7 +533,7 @@ pub(crate) fn wait_until<T>(
 /// The background thread: progress when no application thread polls, keepalives, device
 /// events. It sleeps on the completion channel and never spins.
 fn background(sh: &Shared) {
-    let tick = (sh.cfg.peer_timeout / 4).min(Duration::from_millis(100));
+    let tick = sh.keepalive_tick();
     let mut next_keepalive = Instant::now() + tick;
     while !sh.stop.load(Ordering::Acquire) {
         // Sleep on the completion channel (armed) when no application thread is polling, or

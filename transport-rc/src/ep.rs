@@ -8,6 +8,23 @@ use rdmx_core::header::{Mailbox, RtsInfo};
 use rdmx_core::{Buf, DisconnectCause};
 use rdmx_verbs::{QueuePair, WcStatus};
 
+/// Credit-recall bookkeeping of an endpoint (see `recall.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RecallState {
+    /// Credits we gave back to the peer (cumulative; written into the peer's slot).
+    pub(crate) returned_out: u32,
+    /// Recall requests we made to the peer (cumulative; written into the peer's slot).
+    pub(crate) requested_out: u32,
+    /// The peer's `returned` counter already applied to our receive window.
+    pub(crate) returned_seen: u32,
+    /// The peer's `recall` counter already answered.
+    pub(crate) requested_seen: u32,
+    /// When we last asked the peer (one request per tick).
+    pub(crate) asked_at: Option<Instant>,
+    /// Our send counter at the previous tick (unchanged: we have been idle since).
+    pub(crate) sent_at_tick: u32,
+}
+
 /// Where an endpoint is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Status {
@@ -124,6 +141,7 @@ pub(crate) struct Ep {
     /// After a migration, the local port of the path left behind, to re-arm once it is up.
     pub(crate) rearm_port: Option<u8>,
     pub(crate) last_rx: Instant,
+    pub(crate) recall: RecallState,
     pub(crate) keepalive_at: Option<Instant>,
     /// A close must finish by then (set when the handle is dropped or `close` is called).
     pub(crate) close_deadline: Option<Instant>,
@@ -149,6 +167,11 @@ impl Ep {
                 | Some(Inbound::Closed)
                 | Some(Inbound::Rndv { done: true, .. })
         )
+    }
+
+    /// Credits the peer may still use (what a recall can at most give back).
+    pub(crate) fn recall_outstanding(&self) -> u32 {
+        self.recv.outstanding()
     }
 
     pub(crate) fn is_open(&self) -> bool {

@@ -51,6 +51,8 @@ pub struct Stats {
     pub stray_completions: u64,
     /// Protocol violations by peers (their endpoint was closed).
     pub protocol_errors: u64,
+    /// Credits idle peers gave back on request (credit recall).
+    pub credits_recalled: u64,
 }
 
 /// All mutable state of a context.
@@ -160,6 +162,11 @@ impl Shared {
         self.cond.notify_all();
         #[cfg(feature = "tokio")]
         self.notify.notify_waiters();
+    }
+
+    /// The background thread's tick (keepalives, credit recall).
+    pub(crate) fn keepalive_tick(&self) -> std::time::Duration {
+        (self.cfg.peer_timeout / 4).min(std::time::Duration::from_millis(100))
     }
 
     pub(crate) fn now_nanos(&self) -> u64 {
@@ -455,7 +462,7 @@ impl Shared {
     /// Reads the mailbox slot of one endpoint and applies it.
     pub(crate) fn read_mailbox(&self, st: &mut State, k: usize) {
         let Some(ep) = st.eps.get(k) else { return };
-        let mut b = [0u8; MAILBOX_LEN];
+        let mut b = [0u8; 8];
         if self.mailbox.read(ep.mailbox_off, &mut b).is_err() {
             return;
         }
@@ -794,7 +801,7 @@ impl Shared {
         st.dirty.retain(|&x| x != k);
         st.rndv_watch.retain(|&x| x != k);
         st.rndv_wait.retain(|&x| x != k);
-        let _ = self.mailbox.write_u64(ep.mailbox_off, 0);
+        let _ = self.mailbox.write(ep.mailbox_off, &[0; MAILBOX_LEN]);
         // Eager buffers still queued go back to the receive queue.
         let mut ep = ep;
         for i in ep.inbox.drain(..) {

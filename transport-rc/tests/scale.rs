@@ -97,3 +97,51 @@ fn slow_receiver_bounds_memory() {
         "stalled after {stalled_at} messages; receiver pool peaked at {max_registered} bytes"
     );
 }
+
+/// More endpoints than the shared receive queue can back at the configured window: idle
+/// endpoints hold every credit, and a newcomer that starts with none must still get to send
+/// (credit recall), without any RNR NAK.
+#[test]
+fn idle_endpoints_give_credits_back() {
+    let server = Context::builder()
+        .srq_depth(64)
+        .credits(32)
+        .peer_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let client = Context::builder()
+        .peer_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let acceptor = std::thread::spawn(move || {
+        (0..6)
+            .map(|_| listener.accept().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let eps: Vec<_> = (0..6).map(|_| client.connect(addr).unwrap()).collect();
+    let server_eps = acceptor.join().unwrap();
+    // The first endpoints took every credit; the last one has none and is idle-blocked
+    // until the idle ones give theirs back.
+    let last = eps.last().unwrap();
+    assert!(matches!(last.try_send(b"x"), Err(Error::WouldBlock)));
+    let start = Instant::now();
+    for i in 0..50u32 {
+        last.send_timeout(&i.to_le_bytes(), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("message {i}: {e}"));
+    }
+    let took = start.elapsed();
+    let receiver = server_eps.last().unwrap();
+    for i in 0..50u32 {
+        let m = receiver.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(m[..], i.to_le_bytes());
+    }
+    assert!(server.stats().credits_recalled > 0);
+    assert_eq!(server.device_counters().rnr_naks_sent, 0);
+    eprintln!(
+        "starved endpoint sent 50 messages in {took:?} after {} credits were recalled",
+        server.stats().credits_recalled
+    );
+    drop(server_eps);
+}
