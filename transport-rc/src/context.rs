@@ -536,9 +536,8 @@ fn background(sh: &Shared) {
     let tick = sh.keepalive_tick();
     let mut next_keepalive = Instant::now() + tick;
     while !sh.stop.load(Ordering::Acquire) {
-        // Sleep on the completion channel (armed) when no application thread is polling, or
-        // when one is waiting for us to wake it; otherwise stay out of the way of the
-        // threads that are polling and only look in every 2 ms.
+        // Sleep on the completion channel armed when no application thread is polling, or
+        // when one is waiting for us to wake it.
         let idle = sh
             .now_nanos()
             .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
@@ -561,8 +560,10 @@ fn background(sh: &Shared) {
                 next_keepalive = now + tick;
             }
         }
-        let wait = if idle { tick } else { Duration::from_millis(2) };
-        let _ = sh.cq.channel().wait_spin(wait, Duration::ZERO);
+        // While an application thread polls, stay asleep for a whole tick: a thread that
+        // stops polling to sleep arms the completion queue first, which wakes us at once,
+        // and waking up more often only steals the polling thread's CPU.
+        let _ = sh.cq.channel().wait_spin(tick, Duration::ZERO);
     }
     // The context is going away: endpoints that still exist keep working through their own
     // progress calls.
