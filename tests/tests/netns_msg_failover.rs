@@ -6,7 +6,8 @@
 //! the client streams numbered messages, link A goes down (both ends, the client's first);
 //! the endpoint must migrate — `Event::PathMigrated` on both sides — and the server must get
 //! every message exactly once, in order and intact, followed by the client's orderly close.
-//! The roles are `msg-server` / `msg-client` of the `rdmx-netns-roles` program.
+//! Run over RC and over XRC (initiators and targets armed the same way). The roles are
+//! `msg-server` / `msg-client` of the `rdmx-netns-roles` program.
 #![forbid(unsafe_code)]
 
 use std::process::Command;
@@ -27,9 +28,9 @@ fn device(hosts: &Hosts, host: &str) -> String {
     format!("soft:{},{}", h.addr("A"), h.addr("B"))
 }
 
-fn role(name: &str, device: &str) -> Command {
+fn role(name: &str, device: &str, transport: &str) -> Command {
     let mut c = Command::new(ROLES);
-    c.args([name, "--device", device])
+    c.args([name, "--device", device, "--transport", transport])
         .args(["--count", &COUNT.to_string()])
         .args(["--peer-timeout-ms", "1000"])
         .args(["--limit-s", &LIMIT.as_secs().to_string()]);
@@ -48,6 +49,18 @@ fn endpoint_fails_over_on_link_down() {
     if !require_netns_or_skip("endpoint_fails_over_on_link_down") {
         return;
     }
+    failover("rc");
+}
+
+#[test]
+fn xrc_endpoint_fails_over_on_link_down() {
+    if !require_netns_or_skip("xrc_endpoint_fails_over_on_link_down") {
+        return;
+    }
+    failover("xrc");
+}
+
+fn failover(transport: &str) {
     let hosts = Topology::new()
         .host("cli")
         .host("srv")
@@ -56,7 +69,7 @@ fn endpoint_fails_over_on_link_down() {
         .build()
         .expect("build the topology");
     let srv_a = hosts.host("srv").addr("A");
-    let mut c = role("msg-server", &device(&hosts, "srv"));
+    let mut c = role("msg-server", &device(&hosts, "srv"), transport);
     c.args(["--listen", &format!("{srv_a}:0")]);
     let server = hosts
         .spawn_with_timeout("srv", c, LIMIT + Duration::from_secs(10))
@@ -65,7 +78,7 @@ fn endpoint_fails_over_on_link_down() {
     let target = Line::parse(&listen)
         .and_then(|l| l.words.first().map(|w| (*w).to_string()))
         .expect("LISTEN <addr>");
-    let mut c = role("msg-client", &device(&hosts, "cli"));
+    let mut c = role("msg-client", &device(&hosts, "cli"), transport);
     c.args(["--connect", &target]).args(["--pace-us", "1000"]);
     let client = hosts
         .spawn_with_timeout("cli", c, LIMIT + Duration::from_secs(10))
@@ -101,7 +114,7 @@ fn endpoint_fails_over_on_link_down() {
     let srv_event = migrated_at(&server).unwrap_or_else(|| panic!("server: {}", detail()));
     assert!(cli_event > cut && srv_event > cut, "{}", detail());
     eprintln!(
-        "MSG_FAILOVER client_event_ms={:.1} server_event_ms={:.1}",
+        "MSG_FAILOVER transport={transport} client_event_ms={:.1} server_event_ms={:.1}",
         (cli_event - cut) as f64 / 1e6,
         (srv_event - cut) as f64 / 1e6
     );

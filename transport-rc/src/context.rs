@@ -609,14 +609,19 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
             let _ = sh.srq.arm_limit((sh.cfg.srq_depth / 4).max(1));
         }
         AsyncEvent::PathMigrated(qpn) => {
-            if let Some(&k) = st.by_qpn.get(&qpn.0)
-                && let Some(ep) = st.eps.get_mut(k)
-            {
+            // The queue pair an endpoint sends on (its RC QP, or a shared XRC initiator):
+            // every endpoint on it moved. (A node's XRC target QPs migrate on their own;
+            // the endpoints hear of it through their initiators.)
+            let mut any = false;
+            for (_, ep) in st.eps.iter_mut().filter(|(_, e)| e.qpn == qpn.0) {
                 ep.on_alt = !ep.on_alt;
                 // The path left behind leaves from port 1 when we are now on the alternate.
                 ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
                 tracing::info!(endpoint = ep.id, "path migrated");
                 st.events.push_back(Event::PathMigrated { endpoint: ep.id });
+                any = true;
+            }
+            if any {
                 rearm(sh, st, None);
                 sh.wake_all();
             }

@@ -20,7 +20,8 @@
 //!    A's node has (or has just made) for B's initiator;
 //! 4. B -> A `XrcTarget`: the target queue pair B's node has for A's initiator.
 //!
-//! Each side connects its initiator to the other's target when it is new. Processes cannot
+//! Each side connects its initiator to the other's target when it is new. With two ports on
+//! both nodes, initiators and targets are armed with an alternate path, as RC endpoints are. Processes cannot
 //! share an XRC domain on the soft provider (each process is its own NIC), so a node is a set
 //! of contexts in one process (thread groups, as DESIGN.md puts it); on hardware the domain
 //! could also be shared between processes through a file, which is not done yet.
@@ -177,7 +178,8 @@ pub(crate) fn connect_initiator(
 }
 
 /// The target queue pair this node has for the remote initiator (`peer_node`,
-/// `ini_qpn`), created and connected if it is new. Returns its number.
+/// `ini_qpn`), created and connected if it is new (with the initiator node's second port as
+/// its alternate path when both sides have two ports). Returns its number.
 pub(crate) fn target_for(
     sh: &Shared,
     node: &NodeInner,
@@ -185,6 +187,7 @@ pub(crate) fn target_for(
     ini_qpn: u32,
     ini_psn: u32,
     path: &PathInfo,
+    alt_path: Option<&PathInfo>,
     peer_mtu: u32,
 ) -> Result<u32> {
     let mut targets = node.targets.lock();
@@ -232,6 +235,11 @@ pub(crate) fn target_for(
         },
         M::STATE | M::TIMEOUT | M::SQ_PSN,
     )?;
+    if sh.ports >= 2
+        && let Some(alt) = alt_path
+    {
+        crate::conn::load_alternate(sh, &tgt, alt, 2)?;
+    }
     let n = tgt.qp_num().0;
     targets.insert((peer_node, ini_qpn), tgt);
     Ok(n)
@@ -281,6 +289,11 @@ fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInf
     };
     if !ini.connected {
         connect_initiator(sh, ini, target, &peer.primary, peer.mtu)?;
+        if sh.ports >= 2
+            && let Some(alt) = &peer.alternate
+        {
+            crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
+        }
         ini.connected = true;
     }
     Ok(())
@@ -328,6 +341,7 @@ pub(crate) fn connect(
             peer.qpn,
             peer.psn,
             &peer.primary,
+            peer.alternate.as_ref(),
             peer.mtu,
         )?;
         let second = EndpointInfo {
@@ -390,6 +404,7 @@ pub(crate) fn accept(
             peer.qpn,
             peer.psn,
             &peer.primary,
+            peer.alternate.as_ref(),
             peer.mtu,
         )?;
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;

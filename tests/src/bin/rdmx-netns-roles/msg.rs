@@ -15,8 +15,14 @@ const SEQ_LEN: usize = 8;
 
 fn context(a: &Args) -> Res<Context> {
     let device: String = a.req("device")?;
+    let transport = match a.or("transport", "rc".to_string())?.as_str() {
+        "rc" => rdmx::Transport::Rc,
+        "xrc" => rdmx::Transport::Xrc,
+        other => return Err(format!("--transport {other:?}: rc or xrc")),
+    };
     Context::builder()
         .device(device.clone())
+        .transport(transport)
         .peer_timeout(Duration::from_millis(a.or("peer-timeout-ms", 1000)?))
         .build()
         .ctx(&format!("context on {device}"))
@@ -52,11 +58,19 @@ fn watch_events(ctx: &Context, stop: &Arc<AtomicBool>) -> Res<()> {
     Ok(())
 }
 
-/// `msg-server --device soft:<a>,<b> --listen <a>:<port> --count N [--peer-timeout-ms T]`:
+/// `msg-server --device soft:<a>,<b> --listen <a>:<port> --count N [--peer-timeout-ms T]
+/// [--transport rc|xrc]`:
 /// prints `LISTEN <addr>`, accepts one endpoint, prints `RECV <seq> <ns>` per message and
 /// `RESULT got=.. in_order=.. intact=.. error=..` after N messages and the peer's close.
 pub(crate) fn server(a: &Args) -> Res<bool> {
-    a.only(&["device", "listen", "count", "size", "peer-timeout-ms"])?;
+    a.only(&[
+        "device",
+        "listen",
+        "count",
+        "size",
+        "peer-timeout-ms",
+        "transport",
+    ])?;
     let count: u64 = a.req("count")?;
     let listen: String = a.req("listen")?;
     let ctx = context(a)?;
@@ -93,7 +107,7 @@ pub(crate) fn server(a: &Args) -> Res<bool> {
 }
 
 /// `msg-client --device soft:<a>,<b> --connect <addr> --count N [--size S] [--pace-us U]
-/// [--peer-timeout-ms T]`: streams N numbered messages of S bytes (one per U us), closes
+/// [--peer-timeout-ms T] [--transport rc|xrc]`: streams N numbered messages of S bytes (one per U us), closes
 /// the endpoint and prints `RESULT sent=.. error=..`.
 pub(crate) fn client(a: &Args) -> Res<bool> {
     a.only(&[
@@ -103,6 +117,7 @@ pub(crate) fn client(a: &Args) -> Res<bool> {
         "size",
         "pace-us",
         "peer-timeout-ms",
+        "transport",
     ])?;
     let count: u64 = a.req("count")?;
     let size: usize = a.or("size", 256)?;
