@@ -177,19 +177,12 @@ pub(crate) fn connect_initiator(
     Ok(())
 }
 
-/// The target queue pair this node has for the remote initiator (`peer_node`,
-/// `ini_qpn`), created and connected if it is new (with the initiator node's second port as
+/// The target queue pair this node has for the remote initiator `peer` describes (its node,
+/// QP number and first PSN), created and connected if it is new (with the initiator node's second port as
 /// its alternate path when both sides have two ports). Returns its number.
-pub(crate) fn target_for(
-    sh: &Shared,
-    node: &NodeInner,
-    peer_node: u64,
-    ini_qpn: u32,
-    ini_psn: u32,
-    path: &PathInfo,
-    alt_path: Option<&PathInfo>,
-    peer_mtu: u32,
-) -> Result<u32> {
+pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> Result<u32> {
+    let (peer_node, ini_qpn, ini_psn) = (peer.node_id, peer.qpn, peer.psn);
+    let (path, alt_path, peer_mtu) = (&peer.primary, peer.alternate.as_ref(), peer.mtu);
     let mut targets = node.targets.lock();
     if let Some(t) = targets.get(&(peer_node, ini_qpn)) {
         return Ok(t.qp_num().0);
@@ -334,16 +327,7 @@ pub(crate) fn connect(
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
         crate::conn::check_peer(sh, &peer)?;
         let (ini, ini_psn, _) = initiator_for(sh, peer.node_id, Some((fresh, fresh_psn)))?;
-        let my_target = target_for(
-            sh,
-            &node,
-            peer.node_id,
-            peer.qpn,
-            peer.psn,
-            &peer.primary,
-            peer.alternate.as_ref(),
-            peer.mtu,
-        )?;
+        let my_target = target_for(sh, &node, &peer)?;
         let second = EndpointInfo {
             qpn: ini.qp_num().0,
             psn: ini_psn,
@@ -397,16 +381,7 @@ pub(crate) fn accept(
         let their_target = peer
             .xrc_target
             .ok_or_else(|| Error::Protocol("the second XRC hello has no target".into()))?;
-        let my_target = target_for(
-            sh,
-            &node,
-            peer.node_id,
-            peer.qpn,
-            peer.psn,
-            &peer.primary,
-            peer.alternate.as_ref(),
-            peer.mtu,
-        )?;
+        let my_target = target_for(sh, &node, &peer)?;
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
         ensure_connected(sh, peer.node_id, their_target, &peer)?;
         attach(sh, key, ini, my_target);
