@@ -235,6 +235,7 @@ pub(crate) fn register(
         paths: None,
         on_alt: false,
         rearm_port: None,
+        rearm_after: None,
         last_rx: Instant::now(),
         keepalive_at: None,
         close_deadline: None,

@@ -556,6 +556,7 @@ fn background(sh: &Shared) {
             }
             let now = Instant::now();
             if now >= next_keepalive {
+                rearm(sh, &mut st, None);
                 crate::conn::keepalive(sh, &mut st, now);
                 next_keepalive = now + tick;
             }
@@ -570,7 +571,8 @@ fn background(sh: &Shared) {
 }
 
 /// Loads the path an endpoint migrated away from as its new alternate, once that path's
-/// local port is active (`port`: a port that just became active; `None`: check them all).
+/// local port is active and a tick has passed since the migration (`port`: a port that just
+/// became active; `None`: check them all). Called on every tick and on `PortActive`.
 fn rearm(sh: &Shared, st: &mut State, port: Option<u8>) {
     let mut rearmed = Vec::new();
     for (_, ep) in st.eps.iter_mut() {
@@ -578,6 +580,9 @@ fn rearm(sh: &Shared, st: &mut State, port: Option<u8>) {
             continue;
         };
         if port.is_some_and(|q| q != p) || !matches!(ep.status, crate::ep::Status::Open) {
+            continue;
+        }
+        if ep.rearm_after.is_some_and(|t| Instant::now() < t) {
             continue;
         }
         let up = sh
@@ -617,12 +622,12 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
                 ep.on_alt = !ep.on_alt;
                 // The path left behind leaves from port 1 when we are now on the alternate.
                 ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
+                ep.rearm_after = Some(Instant::now() + sh.keepalive_tick());
                 tracing::info!(endpoint = ep.id, "path migrated");
                 st.events.push_back(Event::PathMigrated { endpoint: ep.id });
                 any = true;
             }
             if any {
-                rearm(sh, st, None);
                 sh.wake_all();
             }
         }

@@ -140,6 +140,9 @@ pub(crate) struct Ep {
     pub(crate) on_alt: bool,
     /// After a migration, the local port of the path left behind, to re-arm once it is up.
     pub(crate) rearm_port: Option<u8>,
+    /// Not before then: re-arming makes the queue pair send MigReq = 0 again, and the peer
+    /// follows a migration only when it sees MigReq = 1, so it must have had time to.
+    pub(crate) rearm_after: Option<Instant>,
     pub(crate) last_rx: Instant,
     pub(crate) recall: RecallState,
     pub(crate) keepalive_at: Option<Instant>,
