@@ -6,7 +6,7 @@ use std::collections::BinaryHeap;
 
 use super::*;
 use crate::soft::engine::{AsyncEvent, QpConfig};
-use crate::types::MigState;
+use crate::types::{Lkey, MigState, QpType};
 
 struct TwoLinks {
     now: u64,
@@ -371,4 +371,258 @@ fn both_links_down_is_a_migration_error() {
         ev.contains(&AsyncEvent::PathMigrationError(a.qpn)),
         "{ev:?}"
     );
+}
+
+/// An XRC initiator on NIC 0 and an XRC target with one XRC SRQ on NIC 1, primary path on
+/// link 0, alternate on link 1, both REARMed. Returns (initiator, target, srq, its cq, MRs).
+struct XrcPair {
+    ini: Qpn,
+    ini_cq: u32,
+    tgt: Qpn,
+    srq: u32,
+    srq_cq: u32,
+    a_mr: Arc<RegisteredMemory>,
+    a_key: u32,
+    b_mr: Arc<RegisteredMemory>,
+    b_key: u32,
+}
+
+fn connect_xrc_apm(s: &mut TwoLinks) -> XrcPair {
+    let (now, addrs) = (s.now, s.addrs);
+    // Initiator side.
+    let n0 = &mut s.nics[0];
+    let pd0 = n0.alloc_pd();
+    let ini_cq = n0.create_cq(1 << 16);
+    let cap = QpCap {
+        max_send_wr: 4096,
+        max_recv_wr: 0,
+        ..QpCap::default()
+    };
+    let ini = n0
+        .create_qp(&QpConfig {
+            qp_type: QpType::XrcSend,
+            cap,
+            ..QpConfig::rc(pd0, ini_cq)
+        })
+        .unwrap();
+    let a_mr = Arc::new(RegisteredMemory::new(1 << 20).unwrap());
+    let a_key = n0.reg_mr(pd0, a_mr.clone(), AccessFlags::LOCAL_WRITE);
+    // Target side.
+    let n1 = &mut s.nics[1];
+    let pd1 = n1.alloc_pd();
+    let srq_cq = n1.create_cq(1 << 16);
+    let xrcd = n1.alloc_xrcd();
+    let srq = n1.create_xrc_srq(pd1, xrcd, srq_cq, 4096, 1).unwrap();
+    let tgt = n1
+        .create_qp(&QpConfig {
+            qp_type: QpType::XrcRecv,
+            xrcd: Some(xrcd),
+            cap: QpCap::default(),
+            ..QpConfig::rc(pd1, srq_cq)
+        })
+        .unwrap();
+    let b_mr = Arc::new(RegisteredMemory::new(1 << 20).unwrap());
+    let b_key = n1.reg_mr(pd1, b_mr.clone(), AccessFlags::LOCAL_WRITE);
+    let av = |ip: IpAddr| AhAttr::new(Gid::from_ip(ip));
+    // Initiator: INIT, RTR, RTS (no responder attributes).
+    let n0 = &mut s.nics[0];
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    n0.modify_qp(
+        now,
+        ini,
+        &init,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av(addrs[1][0].ip()),
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: tgt.0,
+        rq_psn: 0,
+        ..QpAttr::default()
+    };
+    n0.modify_qp(
+        now,
+        ini,
+        &rtr,
+        M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 8,
+        retry_cnt: 3,
+        rnr_retry: 7,
+        sq_psn: 1000,
+        max_rd_atomic: 4,
+        ..QpAttr::default()
+    };
+    n0.modify_qp(
+        now,
+        ini,
+        &rts,
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+    // Target: INIT, RTR, RTS.
+    let n1 = &mut s.nics[1];
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    n1.modify_qp(
+        now,
+        tgt,
+        &init,
+        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av(addrs[0][0].ip()),
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: ini.0,
+        rq_psn: 1000,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ..QpAttr::default()
+    };
+    n1.modify_qp(
+        now,
+        tgt,
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 8,
+        sq_psn: 0,
+        ..QpAttr::default()
+    };
+    n1.modify_qp(now, tgt, &rts, M::STATE | M::TIMEOUT | M::SQ_PSN)
+        .unwrap();
+    // Alternate paths over link 1, REARM.
+    for (i, q, peer) in [(0usize, ini, 1usize), (1, tgt, 0)] {
+        let mut alt = QpAttr {
+            qp_state: QpState::Rts,
+            path_mig_state: MigState::Rearm,
+            alt_port_num: 2,
+            alt_timeout: 8,
+            ..QpAttr::default()
+        };
+        alt.alt_ah_attr = av(addrs[peer][1].ip());
+        s.nics[i]
+            .modify_qp(now, q, &alt, M::STATE | M::ALT_PATH | M::PATH_MIG_STATE)
+            .unwrap();
+    }
+    XrcPair {
+        ini,
+        ini_cq,
+        tgt,
+        srq,
+        srq_cq,
+        a_mr,
+        a_key,
+        b_mr,
+        b_key,
+    }
+}
+
+fn xrc_stream(s: &mut TwoLinks, p: &XrcPair, first: u32, n: u32) {
+    for k in first..first + n {
+        let off = (k as usize % 4096) * 200;
+        p.b_mr.write(off, &[0u8; 8]);
+        let r = [Sge {
+            addr: p.b_mr.addr() + off as u64,
+            length: 200,
+            lkey: Lkey(p.b_key),
+        }];
+        s.nics[1]
+            .post_srq_recv(p.srq, &RecvWr::new(k as u64, &r))
+            .unwrap();
+        p.a_mr.write(off, &k.to_be_bytes());
+        let sg = [Sge {
+            addr: p.a_mr.addr() + off as u64,
+            length: 100,
+            lkey: Lkey(p.a_key),
+        }];
+        s.nics[0]
+            .post_send(
+                s.now,
+                p.ini,
+                &SendWr::send(k as u64, &sg).signaled().to_srq(p.srq),
+            )
+            .unwrap();
+    }
+}
+
+/// XRC through a link failure: the initiator and the target migrate, and every message
+/// arrives in the XRC SRQ exactly once and in order.
+#[test]
+fn xrc_link_failure_mid_stream_migrates_without_loss() {
+    for seed in 0..20 {
+        let mut s = TwoLinks::new(seed, 0.02);
+        for n in &mut s.nics {
+            n.set_infinite_retry_at_7(false);
+        }
+        let p = connect_xrc_apm(&mut s);
+        xrc_stream(&mut s, &p, 0, 10);
+        s.run_until(100_000, |s| {
+            mig_state(s, 0, p.ini) == MigState::Armed && mig_state(s, 1, p.tgt) == MigState::Armed
+        });
+        xrc_stream(&mut s, &p, 10, 300);
+        for _ in 0..20 {
+            s.step();
+        }
+        s.up[0] = false;
+        let mut got = Vec::new();
+        let mut sent = 0usize;
+        s.run_until(2_000_000, |s| {
+            let mut w = [WorkCompletion::EMPTY; 64];
+            loop {
+                let k = s.nics[1].poll_cq(p.srq_cq, &mut w);
+                if k == 0 {
+                    break;
+                }
+                got.extend_from_slice(&w[..k]);
+            }
+            loop {
+                let k = s.nics[0].poll_cq(p.ini_cq, &mut w);
+                if k == 0 {
+                    break;
+                }
+                assert!(
+                    w[..k].iter().all(|x| x.status == WcStatus::Success),
+                    "seed {seed}: {:?}",
+                    &w[..k]
+                );
+                sent += k;
+            }
+            got.len() >= 310 && sent >= 310
+        });
+        assert_eq!(got.len(), 310, "seed {seed}: duplicates delivered");
+        for (i, wc) in got.iter().enumerate() {
+            assert_eq!(wc.status, WcStatus::Success, "seed {seed}");
+            assert_eq!(wc.wr_id, i as u64, "seed {seed}: lost or reordered at {i}");
+            let mut v = [0u8; 4];
+            p.b_mr.read((i % 4096) * 200, &mut v);
+            assert_eq!(u32::from_be_bytes(v), i as u32, "seed {seed}: message {i}");
+        }
+        assert_eq!(mig_state(&s, 0, p.ini), MigState::Migrated, "seed {seed}");
+        assert_eq!(mig_state(&s, 1, p.tgt), MigState::Migrated, "seed {seed}");
+    }
 }
