@@ -37,6 +37,7 @@
 #![deny(unsafe_code)]
 
 pub mod ah;
+mod bytes;
 pub mod cq;
 pub mod device;
 pub mod error;
@@ -54,6 +55,7 @@ mod mem;
 mod provider;
 
 pub use ah::AddressHandle;
+pub use bytes::SharedBytes;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions};
 pub use error::{PostError, VerbsError};

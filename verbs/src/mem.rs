@@ -9,6 +9,10 @@
 //! guarantee real RDMA gives — but never undefined behaviour. 8-byte aligned words are also
 //! available as `AtomicU64` for RDMA atomics.
 //!
+//! A region may instead be backed by immutable application bytes ([`SharedBytes`]), which
+//! are only read: every write path here refuses them, and they can only be registered with
+//! remote read access.
+//!
 //! This is the only module of the soft provider that contains `unsafe`.
 #![allow(unsafe_code)]
 
@@ -16,18 +20,24 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use crate::bytes::SharedBytes;
+
 /// Alignment of every registered buffer (a page, as a hardware NIC would like it).
 const ALIGN: usize = 4096;
 
-/// An owned, zero-initialised, page-aligned allocation accessed only through atomics.
+/// The bytes behind a region: either an owned, zero-initialised, page-aligned allocation
+/// accessed only through atomics, or immutable application bytes ([`SharedBytes`]) that are
+/// only ever read.
 #[derive(Debug)]
 pub struct RegisteredMemory {
     ptr: NonNull<u8>,
     len: usize,
+    shared: Option<SharedBytes>,
 }
 
-// SAFETY: the allocation is owned by this value and only ever accessed through atomic
-// operations (see the module docs), so sharing it between threads cannot race.
+// SAFETY: an owned allocation is only ever accessed through atomic operations (see the
+// module docs), and shared bytes are immutable and only read through `&[u8]`, so sharing
+// either between threads cannot race.
 unsafe impl Send for RegisteredMemory {}
 // SAFETY: as above; `&RegisteredMemory` only permits atomic accesses.
 unsafe impl Sync for RegisteredMemory {}
@@ -41,7 +51,31 @@ impl RegisteredMemory {
         // SAFETY: `layout` has a non-zero size (len.max(1)).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw)?;
-        Some(Self { ptr, len })
+        Some(Self {
+            ptr,
+            len,
+            shared: None,
+        })
+    }
+
+    /// Wraps immutable application bytes; `None` for an empty view (it has no address of
+    /// its own). The result is read-only: [`write`](Self::write), [`fill`](Self::fill) and
+    /// [`atomic_u64`](Self::atomic_u64) refuse it.
+    pub fn from_shared(bytes: SharedBytes) -> Option<Self> {
+        if bytes.is_empty() {
+            return None;
+        }
+        let ptr = NonNull::new(bytes.as_ptr().cast_mut())?;
+        Some(Self {
+            ptr,
+            len: bytes.len(),
+            shared: Some(bytes),
+        })
+    }
+
+    /// True for application bytes registered read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// The length in bytes.
@@ -82,7 +116,7 @@ impl RegisteredMemory {
     /// The atomic word at `offset`, if it is 8-byte aligned and inside the region.
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
         let end = offset.checked_add(8)?;
-        if end > self.len || offset % 8 != 0 {
+        if self.shared.is_some() || end > self.len || offset % 8 != 0 {
             return None;
         }
         Some(self.word(offset))
@@ -96,6 +130,10 @@ impl RegisteredMemory {
         };
         if end > self.len {
             return false;
+        }
+        if let Some(b) = &self.shared {
+            dst.copy_from_slice(&b[offset..end]);
+            return true;
         }
         let mut i = offset;
         let mut d = 0;
@@ -125,7 +163,7 @@ impl RegisteredMemory {
         let Some(end) = offset.checked_add(src.len()) else {
             return false;
         };
-        if end > self.len {
+        if self.shared.is_some() || end > self.len {
             return false;
         }
         let mut i = offset;
@@ -155,7 +193,7 @@ impl RegisteredMemory {
         let Some(end) = offset.checked_add(len) else {
             return false;
         };
-        if end > self.len {
+        if self.shared.is_some() || end > self.len {
             return false;
         }
         for i in offset..end {
@@ -167,6 +205,10 @@ impl RegisteredMemory {
 
 impl Drop for RegisteredMemory {
     fn drop(&mut self) {
+        if self.shared.is_some() {
+            // Not ours to free: dropping `shared` releases the application's owner.
+            return;
+        }
         // The layout was valid at allocation time, so rebuilding it cannot fail; if it somehow
         // did we leak rather than free with a wrong layout.
         if let Ok(layout) = Layout::from_size_align(self.len.max(1), ALIGN) {

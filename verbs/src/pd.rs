@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::bytes::SharedBytes;
 use crate::device::Context;
 use crate::error::VerbsError;
 use crate::mem::RegisteredMemory;
@@ -61,6 +62,40 @@ impl ProtectionDomain {
         }
         let mem =
             Arc::new(RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?);
+        let (key, rkey) = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
+        Ok(MemoryRegion {
+            pd: self.inner.clone(),
+            mem,
+            key,
+            rkey,
+            access,
+        })
+    }
+
+    /// Registers immutable application bytes without copying them (`ibv_reg_mr` on memory
+    /// the application owns). The region keeps `bytes` (and so their owner) alive until it
+    /// is dropped and no operation still uses it, so the NIC never reads freed memory.
+    /// The region is read-only: it can be the source of sends and RDMA WRITEs and the
+    /// target of peers' RDMA READs, never a destination.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for empty bytes or for access flags other than `REMOTE_READ`
+    /// (`LOCAL_WRITE`, `REMOTE_WRITE` and `REMOTE_ATOMIC` would let the NIC write them).
+    pub fn reg_shared(
+        &self,
+        bytes: SharedBytes,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        if !AccessFlags::REMOTE_READ.contains(access) {
+            return Err(VerbsError::InvalidArgument(format!(
+                "shared bytes are immutable: only REMOTE_READ access is allowed, not {:#x}",
+                access.bits()
+            )));
+        }
+        let len = bytes.len();
+        let mem = Arc::new(RegisteredMemory::from_shared(bytes).ok_or_else(|| {
+            VerbsError::InvalidArgument(format!("cannot register {len} shared bytes"))
+        })?);
         let (key, rkey) = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
         Ok(MemoryRegion {
             pd: self.inner.clone(),
@@ -137,6 +172,12 @@ impl MemoryRegion {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.mem.len()
+    }
+
+    /// True for a region on application bytes ([`ProtectionDomain::reg_shared`]): it is
+    /// never written, and `write`, `fill` and `write_u64` fail on it.
+    pub fn is_read_only(&self) -> bool {
+        self.mem.is_read_only()
     }
 
     /// True for a zero-length region.
@@ -225,6 +266,12 @@ impl MemoryRegion {
     /// # Errors
     /// `InvalidArgument` when unaligned or out of range.
     pub fn read_u64(&self, offset: usize) -> Result<u64, VerbsError> {
+        if self.is_read_only() && offset % 8 == 0 {
+            // Immutable bytes: a plain read is atomic enough.
+            let mut w = [0u8; 8];
+            self.read(offset, &mut w)?;
+            return Ok(u64::from_ne_bytes(w));
+        }
         self.mem
             .atomic_u64(offset)
             .map(|w| w.load(std::sync::atomic::Ordering::SeqCst))
@@ -243,6 +290,12 @@ impl MemoryRegion {
     }
 
     fn range_err(&self, offset: usize, len: usize) -> VerbsError {
+        let in_range = offset.checked_add(len).is_some_and(|e| e <= self.len());
+        if self.is_read_only() && in_range {
+            return VerbsError::InvalidArgument(
+                "the region is registered on shared (immutable) bytes".into(),
+            );
+        }
         VerbsError::InvalidArgument(format!(
             "range {offset}+{len} is outside the {}-byte memory region",
             self.len()

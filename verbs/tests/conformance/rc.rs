@@ -284,3 +284,92 @@ fn garbage_datagrams_are_counted_and_dropped() {
     );
     assert_eq!(b.qp.state(), rdmx_verbs::QpState::Rts);
 }
+
+/// Application bytes registered without copying (`reg_shared`): they can be sent, written
+/// from and read by the peer, but nothing (local or remote) can write them, and the region
+/// keeps them alive.
+#[test]
+fn shared_bytes_are_readable_and_never_written() {
+    use rdmx_verbs::{AccessFlags, SharedBytes, VerbsError};
+    let a = Side::new(1 << 20, 5000);
+    let b = Side::new(1 << 20, 9000);
+    a.connect(&b.info());
+    b.connect(&a.info());
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+    let shared = SharedBytes::from(data.clone());
+    // Only REMOTE_READ is accepted; empty bytes are refused.
+    for bad in [
+        AccessFlags::LOCAL_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+    ] {
+        assert!(matches!(
+            a.pd.reg_shared(shared.clone(), bad),
+            Err(VerbsError::InvalidArgument(_))
+        ));
+    }
+    assert!(
+        a.pd.reg_shared(shared.slice(0..0).unwrap(), AccessFlags::REMOTE_READ)
+            .is_err()
+    );
+    let mr = a.pd.reg_shared(shared, AccessFlags::REMOTE_READ).unwrap();
+    drop(data);
+    assert!(mr.is_read_only());
+    assert!(mr.write(0, b"x").is_err());
+    assert!(mr.fill(0, 1, 0).is_err());
+    assert!(mr.write_u64(0, 1).is_err());
+    let expect: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(mr.to_vec(100, 10).unwrap(), &expect[100..110]);
+
+    // SEND from the shared region.
+    let r = [b.mr.sge(0, 64 * 1024)];
+    b.qp.post_recv(&RecvWr::new(1, &r)).unwrap();
+    let s = [mr.sge(0, 40_000)];
+    a.qp.post_send(&SendWr::send(1, &s).signaled()).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.wait(1)[0].byte_len, 40_000);
+    assert_eq!(b.mr.to_vec(0, 40_000).unwrap(), expect);
+
+    // The peer RDMA-READs it.
+    let d = [b.mr.sge(100_000, 30_000)];
+    let rd = WrOpcode::RdmaRead {
+        remote_addr: mr.addr() + 10_000,
+        rkey: mr.rkey(),
+    };
+    b.qp.post_send(&SendWr::new(2, rd, &d).signaled()).unwrap();
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.mr.to_vec(100_000, 30_000).unwrap(), &expect[10_000..]);
+
+    // A local READ into it is a local protection error (no LOCAL_WRITE).
+    let d = [mr.sge(0, 8)];
+    let rd = WrOpcode::RdmaRead {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&SendWr::new(3, rd, &d).signaled()).unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::LocProtErr);
+    assert_eq!(mr.to_vec(0, 8).unwrap(), &expect[..8]);
+}
+
+/// A peer's RDMA WRITE or atomic aimed at a shared (read-only) region is refused with a
+/// remote access error and changes nothing.
+#[test]
+fn shared_bytes_refuse_remote_writes() {
+    use rdmx_verbs::{AccessFlags, SharedBytes};
+    let a = Side::new(1 << 16, 100);
+    let b = Side::new(1 << 16, 200);
+    a.connect(&b.info());
+    b.connect(&a.info());
+    let mr =
+        a.pd.reg_shared(SharedBytes::from(vec![7u8; 4096]), AccessFlags::REMOTE_READ)
+            .unwrap();
+    b.mr.write(0, &[1u8; 64]).unwrap();
+    let s = [b.mr.sge(0, 64)];
+    let w = WrOpcode::RdmaWrite {
+        remote_addr: mr.addr(),
+        rkey: mr.rkey(),
+    };
+    b.qp.post_send(&SendWr::new(1, w, &s).signaled()).unwrap();
+    assert_eq!(b.wait(1)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(mr.to_vec(0, 64).unwrap(), vec![7u8; 64]);
+}
