@@ -10,6 +10,7 @@
 //! | `credits` | `RDMX_CREDITS` | 32 per endpoint |
 //! | `srq_depth` | `RDMX_SRQ_DEPTH` | 512 receive buffers |
 //! | `pool_max` | `RDMX_POOL_MAX` (`K`/`M`/`G` suffixes) | 512 MiB |
+//! | `regcache_max` | `RDMX_REGCACHE_MAX` (`K`/`M`/`G` suffixes) | 256 MiB |
 //! | `max_message` | `RDMX_MAX_MESSAGE` | 64 MiB |
 //! | `busy_poll` | `RDMX_BUSY_POLL_US` | 50 µs |
 //! | `peer_timeout` | `RDMX_PEER_TIMEOUT_MS` | 2000 ms |
@@ -45,6 +46,10 @@ pub struct Config {
     pub srq_depth: u32,
     /// The most registered memory the buffer pool may hold, in bytes.
     pub pool_max: usize,
+    /// The most application memory the registration cache keeps registered while idle, in
+    /// bytes (see [`RegCache`](crate::regcache::RegCache)). 0 disables caching: every
+    /// zero-copy send registers and deregisters its bytes.
+    pub regcache_max: usize,
     /// The largest message accepted, in bytes.
     pub max_message: usize,
     /// How long a blocking call polls before it sleeps.
@@ -65,6 +70,7 @@ impl Default for Config {
             credits: 32,
             srq_depth: 512,
             pool_max: 512 << 20,
+            regcache_max: 256 << 20,
             max_message: 64 << 20,
             busy_poll: Duration::from_micros(50),
             peer_timeout: Duration::from_millis(2000),
@@ -152,6 +158,7 @@ pub struct ConfigBuilder {
     credits: Option<u32>,
     srq_depth: Option<u32>,
     pool_max: Option<usize>,
+    regcache_max: Option<usize>,
     max_message: Option<usize>,
     busy_poll: Option<Duration>,
     peer_timeout: Option<Duration>,
@@ -197,6 +204,10 @@ impl ConfigBuilder {
     setter!(
         /// Sets the buffer pool's cap in bytes (`RDMX_POOL_MAX`).
         pool_max: usize
+    );
+    setter!(
+        /// Sets the registration cache's cap in bytes (`RDMX_REGCACHE_MAX`; 0 disables it).
+        regcache_max: usize
     );
     setter!(
         /// Sets the largest accepted message (`RDMX_MAX_MESSAGE`).
@@ -279,6 +290,11 @@ impl ConfigBuilder {
             credits: pick(self.credits, u32_of("RDMX_CREDITS")?, d.credits),
             srq_depth: pick(self.srq_depth, u32_of("RDMX_SRQ_DEPTH")?, d.srq_depth),
             pool_max: pick(self.pool_max, usize_of("RDMX_POOL_MAX")?, d.pool_max),
+            regcache_max: pick(
+                self.regcache_max,
+                usize_of("RDMX_REGCACHE_MAX")?,
+                d.regcache_max,
+            ),
             max_message: pick(
                 self.max_message,
                 usize_of("RDMX_MAX_MESSAGE")?,
@@ -352,6 +368,7 @@ mod tests {
             ("RDMX_CREDITS", "8"),
             ("RDMX_SRQ_DEPTH", "256"),
             ("RDMX_POOL_MAX", "64M"),
+            ("RDMX_REGCACHE_MAX", "0"),
             ("RDMX_TRANSPORT", "XRC"),
             ("RDMX_BUSY_POLL_US", "0"),
         ]);
@@ -362,6 +379,7 @@ mod tests {
         assert_eq!(c.credits, 4);
         assert_eq!(c.srq_depth, 256);
         assert_eq!(c.pool_max, 64 << 20);
+        assert_eq!(c.regcache_max, 0);
         assert_eq!(c.transport, TransportKind::Xrc);
         assert_eq!(c.busy_poll, Duration::ZERO);
     }

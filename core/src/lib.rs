@@ -4,6 +4,7 @@
 //!
 //! * [`config`]: every tunable, with builder methods and `RDMX_*` environment variables;
 //! * [`pool`]: the registered buffer pool ([`Buf`]) carved into size classes;
+//! * [`regcache`]: registrations of application memory sent zero-copy, keyed by address range;
 //! * [`header`]: the message header that precedes every eager message on the wire;
 //! * [`credit`]: receive-credit accounting shared by all endpoints of a context;
 //! * [`bootstrap`]: the TCP side channel on which endpoints exchange their addresses;
@@ -20,8 +21,10 @@ mod error;
 mod event;
 pub mod header;
 pub mod pool;
+pub mod regcache;
 
 pub use config::{Config, ConfigBuilder};
 pub use error::{Error, Result};
 pub use event::{DisconnectCause, Event};
 pub use pool::{Buf, BufferPool, PoolStats};
+pub use regcache::{RegCache, RegCacheStats, Registered};

@@ -91,6 +91,18 @@ impl Endpoint {
         self.send_async_inner(&mut slot).await
     }
 
+    /// Sends application bytes (zero copy when large, see
+    /// [`send_shared`](Self::send_shared)), waiting for a credit without blocking the
+    /// thread. Dropping the future before the send was posted just drops its reference to
+    /// the bytes; once posted, the endpoint keeps the bytes until the peer has read them.
+    ///
+    /// # Errors
+    /// As [`send_shared`](Self::send_shared).
+    pub async fn send_shared_async(&self, data: impl Into<rdmx_verbs::SharedBytes>) -> Result<()> {
+        let mut slot = Some(Payload::Shared(data.into()));
+        self.send_async_inner(&mut slot).await
+    }
+
     async fn send_async_inner(&self, slot: &mut Option<Payload<'_>>) -> Result<()> {
         let key = self.key;
         wait_async(&self.sh, |sh, st| {

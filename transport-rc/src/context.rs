@@ -73,6 +73,10 @@ impl ContextBuilder {
         pool_max: usize
     );
     forward!(
+        /// Cap of the registration cache in bytes (`RDMX_REGCACHE_MAX`; 0 disables it).
+        regcache_max: usize
+    );
+    forward!(
         /// Largest message (`RDMX_MAX_MESSAGE`).
         max_message: usize
     );
@@ -213,6 +217,7 @@ impl Context {
             .min((max_inline_data as usize).saturating_sub(HEADER_LEN));
         let port = vctx.query_port(1)?;
         let state = State::new(&cfg);
+        let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
         let shared = Arc::new(Shared {
             vctx,
             pd,
@@ -220,6 +225,7 @@ impl Context {
             srq,
             mailbox,
             pool,
+            regcache,
             state: Mutex::new(state),
             cond: Condvar::new(),
             inline_max,
@@ -319,6 +325,18 @@ impl Context {
     /// As [`BufferPool::try_alloc`].
     pub fn try_alloc(&self, len: usize) -> Result<Buf> {
         self.shared().pool.try_alloc(len)
+    }
+
+    /// The registration cache's counters (zero-copy sends with
+    /// [`Endpoint::send_shared`]).
+    pub fn regcache_stats(&self) -> rdmx_core::RegCacheStats {
+        self.shared().regcache.stats()
+    }
+
+    /// Deregisters every cached registration of application bytes that no send is using
+    /// (and so releases the cache's references to those bytes); returns how many.
+    pub fn flush_regcache(&self) -> usize {
+        self.shared().regcache.flush()
     }
 
     /// Runs the progress engine once (completions, credits, rendezvous); returns how many

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
-use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, WcStatus, WrOpcode};
+use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
 
 use crate::context::{Context, wait_until};
 use crate::ep::{Inbound, Status};
@@ -231,6 +231,48 @@ impl Endpoint {
             Some(Payload::Buf(b)) => Some(b),
             _ => None,
         })
+    }
+
+    /// Sends application bytes without copying them when the message is large enough for
+    /// rendezvous (at least `Config::rndv_threshold`): the peer RDMA-reads them where they
+    /// are, through a registration from the context's registration cache, and the endpoint
+    /// keeps a reference to the bytes until the peer reports the read done. Sending the same
+    /// buffer (or parts of it) again reuses the registration. Smaller messages are copied
+    /// (inline or eager), which is faster than registering at those sizes.
+    ///
+    /// `data` is an `Arc<[u8]>`, an `Arc<Vec<u8>>`, a `Vec<u8>` (taken over without copying)
+    /// or `&'static [u8]`, or a [`SharedBytes`] view of one; the bytes are immutable while
+    /// shared, so the message is exactly what was passed.
+    ///
+    /// # Errors
+    /// As `send`; `Verbs` when the bytes cannot be registered.
+    pub fn send_shared(&self, data: impl Into<SharedBytes>) -> Result<()> {
+        self.send_payload(Payload::Shared(data.into()), None, true)
+    }
+
+    /// [`send_shared`](Self::send_shared) giving up after `timeout` with `Timeout`.
+    ///
+    /// # Errors
+    /// As `send_shared`, plus `Timeout`.
+    pub fn send_shared_timeout(
+        &self,
+        data: impl Into<SharedBytes>,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.send_payload(
+            Payload::Shared(data.into()),
+            Some(Instant::now() + timeout),
+            true,
+        )
+    }
+
+    /// [`send_shared`](Self::send_shared) only if a credit is available now (cloning a
+    /// `SharedBytes` to retry is cheap).
+    ///
+    /// # Errors
+    /// `WouldBlock` when out of credits, else as `send_shared`.
+    pub fn try_send_shared(&self, data: &SharedBytes) -> Result<()> {
+        self.send_payload(Payload::Shared(data.clone()), None, false)
     }
 
     // ------------------------------------------------------------------ receiving

@@ -124,7 +124,7 @@ pub(crate) struct Ep {
     pub(crate) ops_done: Vec<OpResult>,
 
     // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
-    pub(crate) rndv_out: VecDeque<Buf>,
+    pub(crate) rndv_out: VecDeque<RndvSrc>,
     pub(crate) rndv_out_done: u32,
     // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
     pub(crate) rndv_in_done: u32,
@@ -148,6 +148,19 @@ pub(crate) struct Ep {
     pub(crate) keepalive_at: Option<Instant>,
     /// A close must finish by then (set when the handle is dropped or `close` is called).
     pub(crate) close_deadline: Option<Instant>,
+}
+
+/// What a peer reads in a rendezvous; held until it reports the read done (or the queue
+/// pair is flushed).
+#[derive(Debug)]
+pub(crate) enum RndvSrc {
+    /// A pooled buffer (`send`, `send_buf`).
+    // Held only to keep it out of the pool until the peer's read is done.
+    #[allow(dead_code)]
+    Buf(Buf),
+    /// Application bytes through the registration cache (`send_shared`).
+    #[allow(dead_code)]
+    Shared(rdmx_core::Registered),
 }
 
 impl Ep {

@@ -42,5 +42,6 @@ mod xrc;
 
 pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
 pub use endpoint::{Endpoint, LocalRegion, Message, RemoteRegion};
+pub use rdmx_verbs::SharedBytes;
 pub use shared::Stats;
 pub use xrc::Node;

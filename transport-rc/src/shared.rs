@@ -15,14 +15,16 @@ use parking_lot::{Condvar, Mutex};
 use rdmx_core::credit::Budget;
 use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RTS_LEN, RtsInfo};
 use rdmx_core::pool::BufferPool;
+use rdmx_core::regcache::RegCache;
 use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, Result};
 use rdmx_verbs::{
     CompletionQueue, MemoryRegion, ProtectionDomain, QpAttr, QpAttrMask, QpState, RecvWr,
-    SendFlags, SendWr, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    SendFlags, SendWr, SharedBytes, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
 };
 use slab::Slab;
 
-use crate::ep::{Ep, Hold, Inbound, OpResult, Status, wrid};
+use crate::ep::{Ep, Hold, Inbound, OpResult, RndvSrc, Status, wrid};
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
@@ -38,6 +40,8 @@ pub struct Stats {
     pub sent_eager: u64,
     /// Messages sent by rendezvous.
     pub sent_rndv: u64,
+    /// Of those, messages the peer read straight from application bytes (`send_shared`).
+    pub sent_zero_copy: u64,
     /// Messages delivered to the application.
     pub delivered: u64,
     /// Credit updates written into peers' mailboxes.
@@ -113,6 +117,8 @@ pub(crate) struct Shared {
     pub(crate) srq: SharedReceiveQueue,
     pub(crate) mailbox: MemoryRegion,
     pub(crate) pool: BufferPool,
+    /// Registrations of application bytes sent zero-copy (`send_shared`).
+    pub(crate) regcache: RegCache,
     pub(crate) state: Mutex<State>,
     pub(crate) cond: Condvar,
     /// Inline payload limit actually usable (config capped by the device, less the header).
@@ -145,13 +151,21 @@ pub(crate) enum Payload<'a> {
     Bytes(&'a [u8]),
     /// A pooled buffer the caller gives away (zero copy).
     Buf(Buf),
+    /// Application bytes sent from where they are (zero copy through the registration
+    /// cache when large).
+    Shared(SharedBytes),
 }
 
 impl Payload<'_> {
     fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn bytes(&self) -> &[u8] {
         match self {
-            Self::Bytes(b) => b.len(),
-            Self::Buf(b) => b.len(),
+            Self::Bytes(b) => b,
+            Self::Buf(b) => b,
+            Self::Shared(b) => b,
         }
     }
 }
@@ -867,11 +881,7 @@ impl Shared {
             ep.rndv_in_adv = ep.rndv_in_done;
             let mut frame = [0u8; HEADER_LEN + 4096];
             hdr.write(&mut frame);
-            let data: &[u8] = match &payload {
-                Payload::Bytes(b) => b,
-                Payload::Buf(b) => b,
-            };
-            frame[HEADER_LEN..HEADER_LEN + len].copy_from_slice(data);
+            frame[HEADER_LEN..HEADER_LEN + len].copy_from_slice(payload.bytes());
             ep.send.take();
             post_on(
                 ep,
@@ -897,11 +907,7 @@ impl Shared {
             hdr.grant = ep.recv.advertise();
             ep.rndv_in_adv = ep.rndv_in_done;
             hdr.write(&mut b);
-            let data: &[u8] = match &payload {
-                Payload::Bytes(d) => d,
-                Payload::Buf(d) => d,
-            };
-            b[HEADER_LEN..].copy_from_slice(data);
+            b[HEADER_LEN..].copy_from_slice(payload.bytes());
             ep.send.take();
             post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
             st.stats.sent_eager += 1;
@@ -914,21 +920,23 @@ impl Shared {
         }
         // Rendezvous: the peer reads the buffer, then reports it done.
         let src = match payload {
-            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => b,
-            other => {
-                let data: &[u8] = match &other {
-                    Payload::Bytes(d) => d,
-                    Payload::Buf(d) => d,
-                };
-                match self.pool.try_alloc(len) {
-                    Ok(mut b) => {
-                        b.copy_from_slice(data);
-                        b
-                    }
-                    Err(Error::WouldBlock) => return Ok(Some(other)),
-                    Err(e) => return Err(e),
+            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => RndvSrc::Buf(b),
+            Payload::Shared(b) => match self.regcache.register(&b) {
+                Ok(r) => RndvSrc::Shared(r),
+                Err(e) => return Err(e),
+            },
+            other => match self.pool.try_alloc(len) {
+                Ok(mut b) => {
+                    b.copy_from_slice(other.bytes());
+                    RndvSrc::Buf(b)
                 }
-            }
+                Err(Error::WouldBlock) => return Ok(Some(other)),
+                Err(e) => return Err(e),
+            },
+        };
+        let (src_addr, src_rkey) = match &src {
+            RndvSrc::Buf(b) => (b.addr(), b.rkey().0),
+            RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
         };
         hdr.kind = Kind::Rts;
         hdr.grant = ep.recv.advertise();
@@ -936,8 +944,8 @@ impl Shared {
         let mut frame = [0u8; RTS_LEN];
         hdr.write(&mut frame);
         RtsInfo {
-            addr: src.addr(),
-            rkey: src.rkey().0,
+            addr: src_addr,
+            rkey: src_rkey,
         }
         .write(&mut frame);
         ep.send.take();
@@ -953,6 +961,9 @@ impl Shared {
             st.rndv_watch.push(k);
         }
         st.stats.sent_rndv += 1;
+        if matches!(st.eps[k].rndv_out.back(), Some(RndvSrc::Shared(_))) {
+            st.stats.sent_zero_copy += 1;
+        }
         tracing::trace!(
             endpoint = st.eps[k].id,
             len,

@@ -22,9 +22,9 @@ enum Owner {
 impl Owner {
     fn bytes(&self) -> &[u8] {
         match self {
-            Owner::Slice(a) => a,
-            Owner::Vec(v) => v.as_slice(),
-            Owner::Static(s) => s,
+            Self::Slice(a) => a,
+            Self::Vec(v) => v.as_slice(),
+            Self::Static(s) => s,
         }
     }
 }
@@ -82,6 +82,17 @@ impl SharedBytes {
             off: self.off + start,
             len: end - start,
         })
+    }
+
+    /// How many references share the owner (every `SharedBytes` clone holds one, as does
+    /// every other `Arc` the application keeps); `usize::MAX` for `'static` bytes. A value of
+    /// 1 seen through a registered region means that only the region still holds the bytes.
+    pub fn owner_refs(&self) -> usize {
+        match &self.owner {
+            Owner::Slice(a) => Arc::strong_count(a),
+            Owner::Vec(v) => Arc::strong_count(v),
+            Owner::Static(_) => usize::MAX,
+        }
     }
 
     /// The view of everything the owner holds (what a registration cache registers, so

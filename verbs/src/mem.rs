@@ -73,6 +73,11 @@ impl RegisteredMemory {
         })
     }
 
+    /// The application bytes behind a read-only region.
+    pub fn shared(&self) -> Option<&SharedBytes> {
+        self.shared.as_ref()
+    }
+
     /// True for application bytes registered read-only.
     pub fn is_read_only(&self) -> bool {
         self.shared.is_some()

@@ -174,6 +174,11 @@ impl MemoryRegion {
         self.mem.len()
     }
 
+    /// The application bytes of a region made by [`ProtectionDomain::reg_shared`].
+    pub fn shared_bytes(&self) -> Option<&SharedBytes> {
+        self.mem.shared()
+    }
+
     /// True for a region on application bytes ([`ProtectionDomain::reg_shared`]): it is
     /// never written, and `write`, `fill` and `write_u64` fail on it.
     pub fn is_read_only(&self) -> bool {
