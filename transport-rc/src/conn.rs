@@ -230,6 +230,7 @@ pub(crate) fn register(
         rndv_out_done: 0,
         rndv_in_done: 0,
         rndv_in_adv: 0,
+        rndv_queued: 0,
         inbox: VecDeque::new(),
         delivered: 0,
         paths: None,

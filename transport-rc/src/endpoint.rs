@@ -282,11 +282,11 @@ impl Endpoint {
             return Some(Err(Error::Disconnected(DisconnectCause::LocalClose)));
         };
         if ep.has_ready() {
-            let (buf, off, eager) = match ep.inbox.pop_front() {
-                Some(Inbound::Msg { buf, off, eager }) => (buf, off, eager),
+            let (buf, off, eager, rndv) = match ep.inbox.pop_front() {
+                Some(Inbound::Msg { buf, off, eager }) => (buf, off, eager, false),
                 Some(Inbound::Rndv {
                     dest: Some(buf), ..
-                }) => (buf, 0, false),
+                }) => (buf, 0, false, true),
                 Some(Inbound::Closed) => {
                     ep.inbox.push_front(Inbound::Closed);
                     return Some(Err(Error::Disconnected(
@@ -297,6 +297,11 @@ impl Endpoint {
             };
             ep.delivered += 1;
             st.stats.delivered += 1;
+            if rndv {
+                // A rendezvous message: its slot in the credit window opens again.
+                ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+                self.sh.mark_needy(st, self.key);
+            }
             return Some(Ok(Message {
                 buf: Some(buf),
                 off,

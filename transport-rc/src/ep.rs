@@ -129,6 +129,11 @@ pub(crate) struct Ep {
     // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
     pub(crate) rndv_in_done: u32,
     pub(crate) rndv_in_adv: u32,
+    /// Rendezvous messages announced by the peer and not yet taken by the application.
+    /// They count against the endpoint's credit window (the RTS buffer itself is reposted
+    /// at once), so a receiver that does not read stops a rendezvous sender just as it stops
+    /// an eager one.
+    pub(crate) rndv_queued: u32,
 
     pub(crate) inbox: VecDeque<Inbound>,
     /// Messages delivered to the application so far (for stats and tests).

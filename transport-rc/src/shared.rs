@@ -330,6 +330,7 @@ impl Shared {
                     );
                     return;
                 }
+                st.eps[k].rndv_queued += 1;
                 st.eps[k].inbox.push_back(Inbound::Rndv {
                     len: hdr.len,
                     rts,
@@ -556,7 +557,7 @@ impl Shared {
         }
     }
 
-    fn mark_needy(&self, st: &mut State, k: usize) {
+    pub(crate) fn mark_needy(&self, st: &mut State, k: usize) {
         if let Some(ep) = st.eps.get_mut(k)
             && !ep.in_needy
         {
@@ -579,14 +580,16 @@ impl Shared {
                 continue;
             }
             let target = st.budget.target();
-            while ep.recv.outstanding() < target && st.budget.spare() > 0 {
+            // Undelivered rendezvous messages occupy the window like unread eager ones.
+            let window = target.saturating_sub(ep.rndv_queued);
+            while ep.recv.outstanding() < window && st.budget.spare() > 0 {
                 st.budget.grant(&mut ep.recv);
             }
             let told = ep.recv.advertised.wrapping_sub(ep.recv.received);
             if ep.recv.unadvertised() > 0 && told <= target / 2 && !st.dirty.contains(&k) {
                 st.dirty.push(k);
             }
-            if ep.recv.outstanding() < target {
+            if ep.recv.outstanding() < window {
                 st.needy.push_back(k);
             } else {
                 ep.in_needy = false;

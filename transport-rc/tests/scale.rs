@@ -145,3 +145,67 @@ fn idle_endpoints_give_credits_back() {
     );
     drop(server_eps);
 }
+
+/// Rendezvous messages are read into the receiver's pool even before the application asks
+/// for them, so they need their own bound: undelivered ones occupy the endpoint's credit
+/// window. A zero-copy sender (which allocates nothing on its side) must stall after about
+/// one window, and everything must arrive once the receiver reads.
+#[test]
+fn slow_receiver_stops_a_zero_copy_sender() {
+    let credits = 8u32;
+    let recv_ctx = Context::builder()
+        .srq_depth(64)
+        .credits(credits)
+        .pool_max(64 << 20)
+        .build()
+        .unwrap();
+    let listener = recv_ctx.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let send_ctx = Context::builder().build().unwrap();
+    let t = std::thread::spawn(move || listener.accept().unwrap());
+    let tx = send_ctx.connect(addr).unwrap();
+    let rx = t.join().unwrap();
+
+    let blob = rdmx_rc::SharedBytes::from(vec![0x3cu8; 256 << 10]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sent = 0u32;
+    let mut last_progress = Instant::now();
+    while last_progress.elapsed() < Duration::from_millis(300) {
+        match tx.try_send_shared(&blob) {
+            Ok(()) => {
+                sent += 1;
+                last_progress = Instant::now();
+            }
+            Err(Error::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "the sender never stalled");
+    }
+    assert!(
+        sent <= 2 * credits,
+        "{sent} rendezvous messages sent to a receiver that reads nothing"
+    );
+    let in_use = recv_ctx.pool_stats().in_use_bytes;
+    assert!(
+        in_use <= 64 * (32 << 10) + 2 * credits as usize * (256 << 10) + (1 << 20),
+        "receiver pool holds {in_use} bytes"
+    );
+    // Now the receiver reads; the sender carries on to 200 messages.
+    let total = 200u32;
+    let sender = std::thread::spawn(move || {
+        for _ in sent..total {
+            tx.send_shared(blob.clone()).unwrap();
+        }
+        tx
+    });
+    for i in 0..total {
+        let m = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("message {i}: {e}"));
+        assert_eq!(m.len(), 256 << 10);
+        assert!(m.iter().all(|&b| b == 0x3c));
+    }
+    let _tx = sender.join().unwrap();
+    assert_eq!(send_ctx.stats().sent_zero_copy, u64::from(total));
+    assert_eq!(recv_ctx.device_counters().rnr_naks_sent, 0);
+}

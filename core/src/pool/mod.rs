@@ -179,15 +179,21 @@ impl BufferPool {
         };
         let size = st.classes[ci].size;
         if st.classes[ci].free.is_empty() {
-            let slots = slots_for(size);
-            let bytes = size * slots;
-            if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+            // No chunk takes more than a quarter of the cap, so that one class cannot
+            // strand the room another needs in a half-used chunk.
+            let mut slots = slots_for(size).min((sh.cfg.max_bytes / 4 / size).max(1));
+            if st.stats.registered_bytes + size * slots > sh.cfg.max_bytes {
                 reclaim(&mut st);
             }
-            if st.stats.registered_bytes + bytes > sh.cfg.max_bytes {
+            // Near the cap, a smaller chunk (down to one slot) rather than none: a class
+            // whose full chunk never fits must still be able to serve a buffer.
+            let room = sh.cfg.max_bytes.saturating_sub(st.stats.registered_bytes);
+            slots = slots.min(room / size);
+            if slots == 0 {
                 st.stats.exhausted += 1;
                 return Err(Error::WouldBlock);
             }
+            let bytes = size * slots;
             let chunk = Arc::new(Chunk::new(&sh.pd, bytes, self.access_for(size))?);
             st.stats.registered_bytes += bytes;
             st.stats.chunks += 1;
@@ -281,22 +287,25 @@ fn reclaim(st: &mut State) {
     let mut freed = 0usize;
     let mut chunks = 0usize;
     for class in &mut st.classes {
-        let per_chunk = slots_for(class.size);
-        let mut counts: std::collections::HashMap<*const Chunk, usize> =
+        // Chunks near the cap may have fewer slots than `slots_for`: count each one's own.
+        let mut counts: std::collections::HashMap<*const Chunk, (usize, usize)> =
             std::collections::HashMap::new();
         for (c, _) in &class.free {
-            *counts.entry(Arc::as_ptr(c)).or_default() += 1;
+            counts.entry(Arc::as_ptr(c)).or_insert((0, c.mr.len())).0 += 1;
         }
-        let idle: Vec<*const Chunk> = counts
+        let size = class.size;
+        let idle: Vec<(*const Chunk, usize)> = counts
             .into_iter()
-            .filter(|&(_, n)| n == per_chunk)
-            .map(|(p, _)| p)
+            .filter(|&(_, (n, len))| n * size == len)
+            .map(|(p, (_, len))| (p, len))
             .collect();
         if idle.is_empty() {
             continue;
         }
-        class.free.retain(|(c, _)| !idle.contains(&Arc::as_ptr(c)));
-        freed += idle.len() * per_chunk * class.size;
+        class
+            .free
+            .retain(|(c, _)| !idle.iter().any(|&(p, _)| p == Arc::as_ptr(c)));
+        freed += idle.iter().map(|&(_, len)| len).sum::<usize>();
         chunks += idle.len();
     }
     st.stats.registered_bytes = st.stats.registered_bytes.saturating_sub(freed);
@@ -468,5 +477,26 @@ mod tests {
         let mut b = p.try_alloc(10).unwrap();
         assert!(b.set_len(300).is_err());
         assert!(b.set_len(256).is_ok());
+    }
+
+    #[test]
+    fn a_class_whose_full_chunk_does_not_fit_still_serves() {
+        // 1.5 MiB cap: a 128 KiB chunk of 16 slots (2 MiB) can never fit, but smaller chunks
+        // can, down to one slot, and they are reclaimed like full ones.
+        let p = pool(3 << 19);
+        let small = p.try_alloc(100).unwrap(); // a 64-slot chunk of 256 B
+        let mut held = Vec::new();
+        while let Ok(b) = p.try_alloc(100 << 10) {
+            held.push(b);
+            assert!(held.len() < 100);
+        }
+        assert_eq!(held.len(), 11, "{:?}", p.stats());
+        assert!(p.stats().registered_bytes <= 3 << 19);
+        drop(held);
+        drop(small);
+        // Both classes' chunks are idle: another class reclaims them.
+        let r = p.try_alloc(1 << 20).unwrap();
+        assert_eq!(r.capacity(), 1 << 20);
+        assert!(p.stats().registered_bytes <= 3 << 19);
     }
 }
