@@ -6,9 +6,9 @@
 //! the client streams numbered messages, link A goes down (both ends, the client's first);
 //! the endpoint must migrate — `Event::PathMigrated` on both sides — and the server must get
 //! every message exactly once, in order and intact, followed by the client's orderly close.
-//! The roles are `msg-server` / `msg-client` of the `rdmx-netns-roles` program (they also
-//! take `--transport xrc`, but XRC endpoints have no alternate path yet, see
-//! transport-rc/src/xrc.rs).
+//! Run over RC and over XRC (initiators and targets armed the same way). The roles are
+//! `msg-server` / `msg-client` of the `rdmx-netns-roles` program; `RDMX_LOG=debug
+//! RDMX_LOG_FILE=/tmp/%p.log` makes them log (the variables pass through).
 #![forbid(unsafe_code)]
 
 use std::process::Command;
@@ -51,6 +51,14 @@ fn endpoint_fails_over_on_link_down() {
         return;
     }
     failover("rc");
+}
+
+#[test]
+fn xrc_endpoint_fails_over_on_link_down() {
+    if !require_netns_or_skip("xrc_endpoint_fails_over_on_link_down") {
+        return;
+    }
+    failover("xrc");
 }
 
 fn failover(transport: &str) {

@@ -266,7 +266,6 @@ pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
         ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
         ep.last_rx = Instant::now();
         if sh.ports >= 2
-            && sh.node.is_none()
             && let Some(alt) = &peer.alternate
         {
             ep.paths = Some([peer.primary.clone(), alt.clone()]);

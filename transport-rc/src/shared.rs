@@ -754,6 +754,20 @@ impl Shared {
     /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
     /// down and whose handle is gone.
     fn reap(&self, st: &mut State) {
+        // A closing endpoint whose last send used its last credit needs the peer's next
+        // grant for its Close, and grants written into the mailbox are only noticed when
+        // read: nothing else reads it once the application stopped sending.
+        let starved: Vec<usize> = st
+            .eps
+            .iter()
+            .filter(|(_, ep)| {
+                ep.status == Status::Closing && !ep.close_sent && ep.send.available() == 0
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in starved {
+            self.read_mailbox(st, k);
+        }
         let mut remove = Vec::new();
         for (k, ep) in st.eps.iter_mut() {
             if ep.status == Status::Closing

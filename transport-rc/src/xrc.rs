@@ -20,11 +20,11 @@
 //!    A's node has (or has just made) for B's initiator;
 //! 4. B -> A `XrcTarget`: the target queue pair B's node has for A's initiator.
 //!
-//! Each side connects its initiator to the other's target when it is new.
-//!
-//! XRC queue pairs get no alternate path (no failover): with initiators and targets armed,
-//! the link-down test across network namespaces lost one message in about one run of
-//! fifteen, and the cause is not found yet (RC endpoints, armed the same way, lost none). Processes cannot
+//! Each side connects its initiator to the other's target when it is new. With two ports on
+//! both nodes, initiators and targets are armed with an alternate path, as RC endpoints are:
+//! an initiator migrates when its local port fails or its retries run out, a target follows
+//! when the peer's initiator arrives on the alternate path with MigReq = 1, and the endpoints
+//! sharing an initiator all report `PathMigrated`. Processes cannot
 //! share an XRC domain on the soft provider (each process is its own NIC), so a node is a set
 //! of contexts in one process (thread groups, as DESIGN.md puts it); on hardware the domain
 //! could also be shared between processes through a file, which is not done yet.
@@ -181,10 +181,11 @@ pub(crate) fn connect_initiator(
 }
 
 /// The target queue pair this node has for the remote initiator `peer` describes (its node,
-/// QP number and first PSN), created and connected if it is new. Returns its number.
+/// QP number and first PSN), created and connected if it is new (with the initiator node's second port as
+/// its alternate path when both sides have two ports). Returns its number.
 pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> Result<u32> {
     let (peer_node, ini_qpn, ini_psn) = (peer.node_id, peer.qpn, peer.psn);
-    let (path, peer_mtu) = (&peer.primary, peer.mtu);
+    let (path, alt_path, peer_mtu) = (&peer.primary, peer.alternate.as_ref(), peer.mtu);
     let mut targets = node.targets.lock();
     if let Some(t) = targets.get(&(peer_node, ini_qpn)) {
         return Ok(t.qp_num().0);
@@ -230,6 +231,11 @@ pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> 
         },
         M::STATE | M::TIMEOUT | M::SQ_PSN,
     )?;
+    if sh.ports >= 2
+        && let Some(alt) = alt_path
+    {
+        crate::conn::load_alternate(sh, &tgt, alt, 2)?;
+    }
     let n = tgt.qp_num().0;
     targets.insert((peer_node, ini_qpn), tgt);
     Ok(n)
@@ -279,6 +285,11 @@ fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInf
     };
     if !ini.connected {
         connect_initiator(sh, ini, target, &peer.primary, peer.mtu)?;
+        if sh.ports >= 2
+            && let Some(alt) = &peer.alternate
+        {
+            crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
+        }
         ini.connected = true;
     }
     Ok(())

@@ -185,3 +185,32 @@ fn hostile_bootstrap_peers_get_clear_errors() {
     assert!(start.elapsed() < Duration::from_secs(3));
     assert!(err.to_string().to_lowercase().contains("time"), "{err}");
 }
+
+/// A close right after the last credit was used: the Close itself needs the peer's next
+/// grant, which arrives in the mailbox and must be read even though nothing is sent any
+/// more (it was not, and such closes timed out).
+#[test]
+fn close_after_using_the_last_credit() {
+    let (_c, cep, _s, sep) = pair_with(|| {
+        Context::builder()
+            .credits(1)
+            .pool_max(128 << 20)
+            .peer_timeout(Duration::from_secs(2))
+    });
+    for i in 0..3u8 {
+        cep.send(&[i; 300]).unwrap();
+        let m = sep.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(m[0], i);
+    }
+    let t = std::time::Instant::now();
+    cep.close().expect("close");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "close took {:?}",
+        t.elapsed()
+    );
+    assert!(matches!(
+        sep.recv_timeout(Duration::from_secs(5)),
+        Err(Error::Disconnected(DisconnectCause::PeerClosed))
+    ));
+}

@@ -180,7 +180,27 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
+/// With `RDMX_LOG` set (a tracing filter such as `debug`), logs go to the file named by
+/// `RDMX_LOG_FILE` (`%p` becomes the process id), else to stderr.
+fn init_logging() {
+    let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RDMX_LOG") else {
+        return;
+    };
+    let file = std::env::var("RDMX_LOG_FILE")
+        .ok()
+        .map(|f| f.replace("%p", &std::process::id().to_string()))
+        .and_then(|f| std::fs::File::create(f).ok());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    let _ = match file {
+        Some(f) => b.with_writer(std::sync::Mutex::new(f)).try_init(),
+        None => b.with_writer(std::io::stderr).try_init(),
+    };
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some(role) = argv.first().cloned() else {
         return usage();

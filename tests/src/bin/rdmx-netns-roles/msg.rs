@@ -87,6 +87,9 @@ pub(crate) fn server(a: &Args) -> Res<bool> {
                 let mut s = [0u8; SEQ_LEN];
                 s.copy_from_slice(m.get(..SEQ_LEN).unwrap_or(&[0xff; SEQ_LEN]));
                 let seq = u64::from_le_bytes(s);
+                if seq != got {
+                    eprintln!("GAP expected {got} got {seq} stats {:?}", ctx.stats());
+                }
                 in_order &= seq == got;
                 intact &= m[SEQ_LEN..].iter().all(|&b| b == seq as u8);
                 println!("RECV {seq} {}", unix_ns());
@@ -102,7 +105,12 @@ pub(crate) fn server(a: &Args) -> Res<bool> {
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let ok = got == count && in_order && intact && error == "none";
-    println!("RESULT got={got} in_order={in_order} intact={intact} error={error} ok={ok}");
+    let st = ctx.stats();
+    println!(
+        "RESULT got={got} in_order={in_order} intact={intact} error={error} ok={ok} \
+         stray={} protocol_errors={} delivered={}",
+        st.stray_completions, st.protocol_errors, st.delivered
+    );
     Ok(ok)
 }
 
