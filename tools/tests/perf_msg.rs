@@ -169,6 +169,27 @@ fn bw_one_mebibyte_goes_by_rendezvous() {
 }
 
 #[test]
+fn bw_shared_is_read_in_place() {
+    let lines = perf_json(&[
+        "--test",
+        "bw_shared",
+        "--size",
+        "65536,1048576",
+        "--iters",
+        "50",
+    ]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (v, size) in lines.iter().zip([65536u64, 1 << 20]) {
+        let bw = check_common(v, "bw_shared", size, 50);
+        assert!(
+            (1.0..100_000.0).contains(&bw),
+            "implausible bandwidth in {v}"
+        );
+        assert_eq!(v["msg_protocol"], "rendezvous", "{v}");
+    }
+}
+
+#[test]
 fn rate_and_several_sizes() {
     let lines = perf_json(&["--test", "rate", "--size", "8,4096", "--iters", "2000"]);
     assert_eq!(lines.len(), 2, "{lines:?}");

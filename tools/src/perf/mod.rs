@@ -164,6 +164,10 @@ pub(crate) enum TestArg {
     Bw,
     /// Messages (--layer msg): a stream of small messages (send); messages per second.
     Rate,
+    /// Messages (--layer msg): one application buffer sent again and again with
+    /// send_shared (zero-copy through the registration cache at rendezvous sizes, the way
+    /// write_bw re-sends one region); every message carries index 0.
+    BwShared,
 }
 
 impl TestArg {
@@ -177,7 +181,7 @@ impl TestArg {
             Self::SendBw => TestKind::SendBw,
             Self::WriteBw => TestKind::WriteBw,
             Self::ReadBw => TestKind::ReadBw,
-            Self::Lat | Self::Bw | Self::Rate => return None,
+            Self::Lat | Self::Bw | Self::Rate | Self::BwShared => return None,
         })
     }
 
@@ -187,6 +191,7 @@ impl TestArg {
             Self::Lat => Some(msg::MsgTest::Lat),
             Self::Bw => Some(msg::MsgTest::Bw),
             Self::Rate => Some(msg::MsgTest::Rate),
+            Self::BwShared => Some(msg::MsgTest::BwShared),
             _ => None,
         }
     }

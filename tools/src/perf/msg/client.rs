@@ -178,7 +178,7 @@ fn run_round(
     let mut progress = Progress::new(format!("msg {} {} B", p.test.name(), p.size), steps);
     let m = match p.test {
         MsgTest::Lat => lat(ep, p, &mut progress)?,
-        MsgTest::Bw | MsgTest::Rate => stream(ctx, ep, p, &mut progress)?,
+        MsgTest::Bw | MsgTest::Rate | MsgTest::BwShared => stream(ctx, ep, p, &mut progress)?,
     };
     progress.finish();
     let after = ctx.stats();
@@ -308,21 +308,31 @@ fn lat(ep: &Endpoint, p: &RoundParams, progress: &mut Progress) -> Result<Measur
     })
 }
 
-/// The client of `bw` and `rate`: the warm-up stream and its acknowledgement, then the timed
-/// stream, which ends when the server acknowledges the last message.
+/// What a stream sends from: the pattern, and (`bw_shared`) the one shared buffer made from
+/// it, registered once by the registration cache.
+struct Source {
+    tx: Vec<u8>,
+    shared: Option<rdmx::SharedBytes>,
+}
+
+/// The client of `bw`, `bw_shared` and `rate`: the warm-up stream and its acknowledgement,
+/// then the timed stream, which ends when the server acknowledges the last message.
 fn stream(
     ctx: &Context,
     ep: &Endpoint,
     p: &RoundParams,
     progress: &mut Progress,
 ) -> Result<Measured> {
-    let mut tx = pattern(CLIENT_SEED, p.size as usize);
+    let mut src = Source {
+        tx: pattern(CLIENT_SEED, p.size as usize),
+        shared: None,
+    };
     if p.warmup > 0 {
-        send_range(ctx, ep, p, &mut tx, 0, p.warmup, None)?;
+        send_range(ctx, ep, p, &mut src, 0, p.warmup, None)?;
         wait_ack(ep, p.warmup)?;
     }
     let t0 = Instant::now();
-    send_range(ctx, ep, p, &mut tx, p.warmup, p.total(), Some(progress))?;
+    send_range(ctx, ep, p, &mut src, p.warmup, p.total(), Some(progress))?;
     wait_ack(ep, p.total())?;
     Ok(Measured {
         rtt_ns: Vec::new(),
@@ -333,12 +343,13 @@ fn stream(
 
 /// Sends data messages `from..to`: `bw` from pooled buffers (`send_buf`; only the last
 /// message of the round gets the whole pattern, the others just their index), `rate` from
-/// `tx` (`send`, a copy).
+/// the pattern (`send`, a copy), `bw_shared` one immutable copy of the pattern stamped 0
+/// (`send_shared`).
 fn send_range(
     ctx: &Context,
     ep: &Endpoint,
     p: &RoundParams,
-    tx: &mut [u8],
+    src: &mut Source,
     from: u64,
     to: u64,
     mut progress: Option<&mut Progress>,
@@ -352,15 +363,24 @@ fn send_range(
                     .alloc(size)
                     .with_rctx(|| format!("allocating a {size}-byte pool buffer"))?;
                 if i == last {
-                    b.copy_from_slice(tx);
+                    b.copy_from_slice(&src.tx);
                 }
                 stamp(&mut b, i);
                 ep.send_buf(b)
                     .with_rctx(|| format!("sending message {i}"))?;
             }
+            MsgTest::BwShared => {
+                let tx = &mut src.tx;
+                let b = src.shared.get_or_insert_with(|| {
+                    stamp(tx, 0);
+                    rdmx::SharedBytes::from(tx.clone())
+                });
+                ep.send_shared(b.clone())
+                    .with_rctx(|| format!("sending message {i}"))?;
+            }
             MsgTest::Rate | MsgTest::Lat => {
-                stamp(tx, i);
-                ep.send_timeout(tx, PROGRESS_TIMEOUT)
+                stamp(&mut src.tx, i);
+                ep.send_timeout(&src.tx, PROGRESS_TIMEOUT)
                     .with_rctx(|| format!("sending message {i}"))?;
             }
         }

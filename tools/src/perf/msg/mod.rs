@@ -109,6 +109,8 @@ pub(crate) enum MsgTest {
     Bw,
     /// Stream of copied slices (`send`).
     Rate,
+    /// Stream of one shared application buffer (`send_shared`), every message stamped 0.
+    BwShared,
 }
 
 impl MsgTest {
@@ -118,6 +120,7 @@ impl MsgTest {
             Self::Lat => "lat",
             Self::Bw => "bw",
             Self::Rate => "rate",
+            Self::BwShared => "bw_shared",
         }
     }
 
@@ -125,7 +128,7 @@ impl MsgTest {
     fn default_size(self) -> u64 {
         match self {
             Self::Lat | Self::Rate => 8,
-            Self::Bw => 65536,
+            Self::Bw | Self::BwShared => 65536,
         }
     }
 
@@ -133,7 +136,7 @@ impl MsgTest {
     fn default_iters(self) -> u64 {
         match self {
             Self::Lat => 1000,
-            Self::Bw => 5000,
+            Self::Bw | Self::BwShared => 5000,
             Self::Rate => 100_000,
         }
     }

@@ -127,7 +127,7 @@ fn serve_round(ep: &Endpoint, p: &RoundParams) -> Result<()> {
     control::send(ep, &Ctl::Ready)?;
     let last = match p.test {
         MsgTest::Lat => echo(ep, p)?,
-        MsgTest::Bw | MsgTest::Rate => sink(ep, p)?,
+        MsgTest::Bw | MsgTest::Rate | MsgTest::BwShared => sink(ep, p)?,
     };
     let check_error = last
         .and_then(|m| check_payload(&m, CLIENT_SEED, "the client's last message").err())
@@ -187,7 +187,8 @@ fn sink(ep: &Endpoint, p: &RoundParams) -> Result<Option<Message>> {
             let m = ep
                 .recv_timeout(PROGRESS_TIMEOUT)
                 .with_rctx(|| format!("waiting for the client's message {i}"))?;
-            check_data(&m, size, i, "the client's message")?;
+            let index = if p.test == MsgTest::BwShared { 0 } else { i };
+            check_data(&m, size, index, "the client's message")?;
             if i + 1 == total {
                 last = Some(m);
             }
