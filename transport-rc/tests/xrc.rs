@@ -1,6 +1,8 @@
 //! XRC endpoints: contexts on one node share one connection per remote node.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::time::Duration;
 
 use rdmx_core::Error;
@@ -137,4 +139,127 @@ fn xrc_needs_a_connection_per_node_not_per_context() {
          targets per node ({xrc_a} initiators per direction)",
         node_a.target_qps()
     );
+}
+
+const N_PROC: usize = 4;
+
+/// Node B of `two_processes_as_two_nodes`: four XRC contexts on one node, each listening;
+/// every accepted endpoint echoes until its peer closes. Prints the listeners, then the
+/// node's queue-pair counts.
+#[test]
+#[ignore = "child process of two_processes_as_two_nodes"]
+fn child_xrc_node() {
+    if std::env::var("RDMX_TEST_XRC_CHILD").is_err() {
+        return;
+    }
+    let node = Node::open("soft:127.0.0.1").expect("node");
+    let ctxs: Vec<Context> = (0..N_PROC)
+        .map(|_| {
+            Context::builder()
+                .node(&node)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let listeners: Vec<_> = ctxs
+        .iter()
+        .map(|c| c.listen("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().to_string())
+        .collect();
+    println!("LISTEN {}", addrs.join(" "));
+    // One acceptor per listener (the parent connects to them in any order), one echo
+    // thread per endpoint.
+    let acceptors: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                let mut echoers = Vec::new();
+                for _ in 0..N_PROC {
+                    let ep = l.accept_timeout(Duration::from_secs(20)).expect("accept");
+                    echoers.push(std::thread::spawn(move || {
+                        loop {
+                            match ep.recv_timeout(Duration::from_secs(20)) {
+                                Ok(m) => {
+                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
+                                }
+                                Err(Error::Disconnected(_)) => break,
+                                Err(e) => panic!("echo: {e}"),
+                            }
+                        }
+                    }));
+                }
+                for e in echoers {
+                    e.join().expect("echo thread");
+                }
+            })
+        })
+        .collect();
+    for a in acceptors {
+        a.join().expect("acceptor");
+    }
+    let initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
+    println!(
+        "COUNTS initiators={initiators} targets={}",
+        node.target_qps()
+    );
+}
+
+/// Two processes, each a node with four XRC contexts (each process has its own soft NIC, as
+/// two hosts would): all 16 context pairs connect and exchange messages of every protocol,
+/// and each node needs one initiator per context (4) and one target per remote initiator
+/// (4), where RC needs 16 queue pairs per node.
+#[test]
+fn two_processes_as_two_nodes() {
+    let child = common::ChildProc::spawn(
+        "child_xrc_node",
+        &[("RDMX_TEST_XRC_CHILD", "1".to_string())],
+    );
+    let listen = child.expect_line("LISTEN", Duration::from_secs(20));
+    let addrs: Vec<&str> = listen.split_whitespace().collect();
+    assert_eq!(addrs.len(), N_PROC, "{listen}");
+    let node = Node::open("soft:127.0.0.1").unwrap();
+    let ctxs: Vec<Context> = (0..N_PROC)
+        .map(|_| {
+            Context::builder()
+                .node(&node)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut eps = Vec::new();
+    for (i, c) in ctxs.iter().enumerate() {
+        for (j, a) in addrs.iter().enumerate() {
+            let ep = c
+                .connect(*a)
+                .unwrap_or_else(|e| panic!("context {i} -> {a}: {e}"));
+            eps.push(((i * N_PROC + j) as u8, ep));
+        }
+    }
+    for (tag, ep) in &eps {
+        for len in [3usize, 150, 3000, 40_000] {
+            let data: Vec<u8> = (0..len).map(|k| (k as u8) ^ tag).collect();
+            ep.send_timeout(&data, Duration::from_secs(10)).unwrap();
+            let back = ep.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(back[..] == data[..], "endpoint {tag}, {len} bytes");
+        }
+    }
+    let initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
+    let targets = node.target_qps();
+    for (_, ep) in &eps {
+        ep.close().unwrap();
+    }
+    let counts = child.expect_line("COUNTS", Duration::from_secs(30));
+    child.wait_ok(Duration::from_secs(10));
+    eprintln!(
+        "two processes x {N_PROC} contexts: this node {initiators} initiators + {targets} \
+         targets; the other node {counts}; RC would need {} queue pairs per node",
+        N_PROC * N_PROC
+    );
+    assert_eq!((initiators, targets), (N_PROC, N_PROC));
+    assert_eq!(counts, format!("initiators={N_PROC} targets={N_PROC}"));
 }
