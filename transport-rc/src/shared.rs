@@ -431,7 +431,7 @@ impl Shared {
         }
         ep.signaled_out = ep.signaled_out.saturating_sub(1);
         // Reads complete in the order they were posted: the first posted, unfinished one.
-        let entry = ep.inbox.iter_mut().find(|i| {
+        let at = ep.inbox.iter().position(|i| {
             matches!(
                 i,
                 Inbound::Rndv {
@@ -441,8 +441,17 @@ impl Shared {
                 }
             )
         });
-        if let Some(Inbound::Rndv { done, .. }) = entry {
-            *done = true;
+        if let Some(at) = at {
+            if c.status == WcStatus::Success {
+                if let Some(Inbound::Rndv { done, .. }) = ep.inbox.get_mut(at) {
+                    *done = true;
+                }
+            } else {
+                // The message never arrived: it must not be delivered with whatever its
+                // buffer held. The read is over, so the NIC no longer writes the buffer.
+                ep.inbox.remove(at);
+                ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+            }
         }
         ep.inflight.retain(|(s, _)| *s != wrid::seq(c.wr_id));
         if c.status == WcStatus::Success {

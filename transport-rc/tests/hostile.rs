@@ -1,0 +1,363 @@
+//! A hostile peer behind a well-formed connection: it does the bootstrap exchange like an
+//! rdmx context, connects a raw RC queue pair to the endpoint, and then breaks the message
+//! protocol (garbage headers, sends beyond its credits, rendezvous requests with a bad key or
+//! an oversized length, a header that lies about the length). Each must take that endpoint
+//! down with a clear cause and a counted protocol error, never panic or hang, and leave the
+//! context's other endpoints working.
+#![allow(missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
+use rdmx_core::{DisconnectCause, Error};
+use rdmx_rc::{Context, Endpoint};
+use rdmx_verbs::{
+    AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, QpAttr, QpAttrMask as M,
+    QpCap, QpInitAttr, QpState, QpType, QueuePair, SendWr, WcStatus, WorkCompletion,
+};
+
+/// A raw RC queue pair connected to an rdmx endpoint through the real bootstrap.
+struct Rogue {
+    _ctx: rdmx_verbs::Context,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    _mr: MemoryRegion,
+    /// The tag the server's endpoint expects in headers.
+    tag: u16,
+}
+
+impl Rogue {
+    fn connect(addr: SocketAddr) -> Self {
+        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 128,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 256,
+                },
+                sq_sig_all: true,
+            })
+            .unwrap();
+        let mr = pd
+            .reg_mr(
+                1 << 16,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .unwrap();
+        let psn = 4242;
+        let info = EndpointInfo {
+            transport: TransportKind::Rc,
+            qpn: qp.qp_num().0,
+            psn,
+            mtu: 4096,
+            primary: PathInfo {
+                gid: ctx.query_gid(1, 0).unwrap().0,
+                udp_port: ctx.port_addr(1).map_or(4791, |a| a.port()),
+                port_num: 1,
+            },
+            alternate: None,
+            srq_nums: Vec::new(),
+            credits: 64,
+            mailbox_addr: mr.addr(),
+            mailbox_rkey: mr.rkey().0,
+            max_message: 1 << 20,
+            eager_limit: 32 << 10,
+            context_id: 7,
+            node_id: 7,
+            tag: 0,
+            xrc_target: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut s = bootstrap::connect(addr, deadline).unwrap();
+        bootstrap::send_frame(&mut s, &Frame::Hello(info), deadline).unwrap();
+        let peer = bootstrap::expect_accept(&mut s, deadline).unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                qp_access_flags: AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ,
+                ..QpAttr::default()
+            },
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ah_attr: AhAttr::new(Gid(peer.primary.gid)).with_udp_port(peer.primary.udp_port),
+                path_mtu: Mtu::Mtu4096,
+                dest_qp_num: peer.qpn,
+                rq_psn: peer.psn,
+                max_dest_rd_atomic: 16,
+                min_rnr_timer: 12,
+                ..QpAttr::default()
+            },
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Rts,
+                timeout: 10,
+                retry_cnt: 3,
+                rnr_retry: 0,
+                sq_psn: psn,
+                max_rd_atomic: 16,
+                ..QpAttr::default()
+            },
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+        Self {
+            _ctx: ctx,
+            cq,
+            qp,
+            _mr: mr,
+            tag: peer.tag as u16,
+        }
+    }
+
+    /// Sends `bytes` inline and waits for its completion; returns its status.
+    fn send(&self, bytes: &[u8]) -> WcStatus {
+        self.qp
+            .post_send(&SendWr::send_inline(1, bytes).signaled())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut wc = [WorkCompletion::EMPTY; 4];
+        loop {
+            let n = self.cq.poll(&mut wc);
+            if n > 0 {
+                return wc[0].status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the rogue's send never completed"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn header(&self, kind: Kind, len: u32) -> Header {
+        Header {
+            kind,
+            tag: self.tag,
+            grant: 64,
+            rndv_done: 0,
+            len,
+        }
+    }
+
+    fn data(&self, payload: &[u8]) -> Vec<u8> {
+        let mut v = self
+            .header(Kind::Data, payload.len() as u32)
+            .to_bytes()
+            .to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+}
+
+fn server() -> (Context, rdmx_rc::Listener) {
+    let ctx = Context::builder()
+        .credits(8)
+        .max_message(1 << 20)
+        .peer_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let l = ctx.listen("127.0.0.1:0").unwrap();
+    (ctx, l)
+}
+
+fn accept_rogue(l: &rdmx_rc::Listener) -> (Rogue, Endpoint) {
+    let addr = l.local_addr();
+    let t = std::thread::spawn(move || Rogue::connect(addr));
+    let ep = l.accept_timeout(Duration::from_secs(5)).unwrap();
+    (t.join().unwrap(), ep)
+}
+
+/// Receives until the endpoint fails; returns the messages that arrived before and the cause.
+fn drain_until_down(ep: &Endpoint) -> (usize, DisconnectCause) {
+    let mut got = 0;
+    loop {
+        match ep.recv_timeout(Duration::from_secs(5)) {
+            Ok(_) => got += 1,
+            Err(Error::Disconnected(c)) => return (got, c),
+            Err(e) => panic!("expected the endpoint to go down, got {e}"),
+        }
+    }
+}
+
+/// A well-behaved pair through the server's listener: (client context, client endpoint,
+/// server endpoint), checked to work.
+fn good_pair(l: &rdmx_rc::Listener) -> (Context, Endpoint, Endpoint) {
+    let client = Context::builder().build().unwrap();
+    let addr = l.local_addr();
+    let t = std::thread::spawn(move || {
+        let ep = client.connect(addr).unwrap();
+        (client, ep)
+    });
+    let sep = l.accept_timeout(Duration::from_secs(5)).unwrap();
+    let (client, cep) = t.join().unwrap();
+    check_pair(&cep, &sep);
+    (client, cep, sep)
+}
+
+fn check_pair(cep: &Endpoint, sep: &Endpoint) {
+    cep.send(b"still here").unwrap();
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"still here"
+    );
+    sep.send(&[5u8; 50_000]).unwrap();
+    assert_eq!(
+        cep.recv_timeout(Duration::from_secs(5)).unwrap().len(),
+        50_000
+    );
+}
+
+/// A well-behaved endpoint on the same context must keep working.
+fn good_pair_still_works(_ctx: &Context, l: &rdmx_rc::Listener) {
+    drop(good_pair(l));
+}
+
+fn protocol_cause(c: &DisconnectCause) -> bool {
+    matches!(c, DisconnectCause::Protocol(_))
+}
+
+#[test]
+fn garbage_header_takes_the_endpoint_down() {
+    let (ctx, l) = server();
+    let (rogue, ep) = accept_rogue(&l);
+    assert_eq!(rogue.send(&rogue.data(b"fine")), WcStatus::Success);
+    let mut bad = rogue.data(b"not fine");
+    bad[0] = 0xEE; // no such kind
+    assert_eq!(rogue.send(&bad), WcStatus::Success);
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 1, "the good message before the garbage arrives");
+    assert!(protocol_cause(&cause), "{cause:?}");
+    assert!(ctx.stats().protocol_errors >= 1);
+    good_pair_still_works(&ctx, &l);
+}
+
+#[test]
+fn short_and_lying_headers_take_the_endpoint_down() {
+    let (ctx, l) = server();
+    // Shorter than a header.
+    let (rogue, ep) = accept_rogue(&l);
+    assert_eq!(rogue.send(&[1, 2, 3]), WcStatus::Success);
+    let (_, cause) = drain_until_down(&ep);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    // A header whose length is not what arrived.
+    let (rogue, ep) = accept_rogue(&l);
+    let mut lie = rogue.data(&[9u8; 40]);
+    lie[..HEADER_LEN].copy_from_slice(&rogue.header(Kind::Data, 4000).to_bytes());
+    assert_eq!(rogue.send(&lie), WcStatus::Success);
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 0);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    assert!(ctx.stats().protocol_errors >= 2);
+    good_pair_still_works(&ctx, &l);
+}
+
+#[test]
+fn sends_beyond_the_credits_take_the_endpoint_down() {
+    // A small receive queue shared with a well-behaved endpoint: once the application stops
+    // reading, grants stop, and a message beyond them lands in a buffer that backs the other
+    // endpoint's credit, which is how the violation shows.
+    let ctx = Context::builder()
+        .credits(8)
+        .srq_depth(16)
+        .pool_max(8 << 20)
+        .peer_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let l = ctx.listen("127.0.0.1:0").unwrap();
+    // Kept open during the flood: its credits are what the rogue's extra messages land on.
+    let (_client, cep, sep) = good_pair(&l);
+    let (rogue, ep) = accept_rogue(&l);
+    let mut sent = 0u32;
+    while sent < 200 {
+        if rogue.send(&rogue.data(&sent.to_le_bytes())) != WcStatus::Success {
+            break;
+        }
+        sent += 1;
+        // Give the receiving context's progress time to see each message, so that it finds
+        // the violation before the flood empties the shared queue.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (got, cause) = drain_until_down(&ep);
+    assert!(got <= sent as usize, "{got} of {sent}");
+    assert!(protocol_cause(&cause), "after {sent} sends: {cause:?}");
+    assert!(ctx.stats().protocol_errors >= 1);
+    // No RNR assertion here: the NIC keeps taking the flood's messages from the shared
+    // queue until the progress engine sees the violation and errors the queue pair, so a
+    // flooding peer can empty the queue for a moment (the good endpoint's sender would then
+    // retry on RNR NAKs, which rdmx sets to unlimited). The good pairs must still work.
+    check_pair(&cep, &sep);
+    good_pair_still_works(&ctx, &l);
+}
+
+#[test]
+fn bad_rendezvous_requests_take_the_endpoint_down() {
+    let (ctx, l) = server();
+    // A key that names nothing: the read fails at the rogue's NIC.
+    let (rogue, ep) = accept_rogue(&l);
+    let mut rts = [0u8; RTS_LEN];
+    rogue.header(Kind::Rts, 100_000).write(&mut rts);
+    RtsInfo {
+        addr: 0x1000,
+        rkey: 0xDEAD_BEEF,
+    }
+    .write(&mut rts);
+    // The read's bad key is a remote access error at the rogue's NIC, which moves the
+    // rogue's queue pair to the error state: its SEND may be flushed before its ACK arrived.
+    let st = rogue.send(&rts);
+    assert!(
+        matches!(st, WcStatus::Success | WcStatus::WrFlushErr),
+        "{st:?}"
+    );
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 0);
+    assert!(
+        matches!(cause, DisconnectCause::TransportError(_)),
+        "{cause:?}"
+    );
+    // A length above the maximum message.
+    let (rogue, ep) = accept_rogue(&l);
+    let mut rts = [0u8; RTS_LEN];
+    rogue.header(Kind::Rts, u32::MAX).write(&mut rts);
+    RtsInfo {
+        addr: 0x1000,
+        rkey: 1,
+    }
+    .write(&mut rts);
+    assert_eq!(rogue.send(&rts), WcStatus::Success);
+    let (_, cause) = drain_until_down(&ep);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    // A truncated request.
+    let (rogue, ep) = accept_rogue(&l);
+    let rts = rogue.header(Kind::Rts, 100).to_bytes();
+    assert_eq!(rogue.send(&rts), WcStatus::Success);
+    let (_, cause) = drain_until_down(&ep);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    good_pair_still_works(&ctx, &l);
+}
