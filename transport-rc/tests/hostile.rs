@@ -361,3 +361,58 @@ fn bad_rendezvous_requests_take_the_endpoint_down() {
     assert!(protocol_cause(&cause), "{cause:?}");
     good_pair_still_works(&ctx, &l);
 }
+
+/// Random frames, some of them nearly valid (a real kind and tag, a random length and
+/// payload): whatever arrives, the endpoint either delivers messages or goes down with a
+/// cause, the context never panics, and other endpoints keep working.
+#[test]
+fn random_frames_never_break_the_context() {
+    let (ctx, l) = server();
+    let (_client, cep, sep) = good_pair(&l);
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut downs = 0;
+    for _round in 0..24 {
+        let (rogue, ep) = accept_rogue(&l);
+        for _ in 0..(1 + next() % 4) {
+            let len = (next() % 120) as usize;
+            let mut f: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if next() % 2 == 0 && len >= HEADER_LEN {
+                let kind = [Kind::Data, Kind::Rts, Kind::Close][(next() % 3) as usize];
+                let mut h = rogue.header(kind, (next() % 200) as u32);
+                if next() % 2 == 0 {
+                    h.len = (len - HEADER_LEN) as u32;
+                }
+                h.write(&mut f);
+            }
+            if rogue.send(&f) != WcStatus::Success {
+                break;
+            }
+        }
+        // Drain what is deliverable; stop at the first error or after a quiet moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match ep.recv_timeout(Duration::from_millis(50)) {
+                Ok(_) => {}
+                Err(Error::Disconnected(_)) => {
+                    downs += 1;
+                    break;
+                }
+                Err(Error::Timeout(_)) => break,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+            assert!(Instant::now() < deadline, "the endpoint kept delivering");
+        }
+    }
+    assert!(downs > 0, "no random frame was ever rejected");
+    check_pair(&cep, &sep);
+    eprintln!(
+        "24 rogue endpoints, {downs} taken down; protocol errors counted: {}",
+        ctx.stats().protocol_errors
+    );
+}
