@@ -143,6 +143,19 @@ fn xrc_needs_a_connection_per_node_not_per_context() {
 
 const N_PROC: usize = 4;
 
+/// `N_PROC` XRC contexts on `node`.
+fn node_contexts(node: &Node) -> Vec<Context> {
+    (0..N_PROC)
+        .map(|_| {
+            Context::builder()
+                .node(node)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// Node B of `two_processes_as_two_nodes`: four XRC contexts on one node, each listening;
 /// every accepted endpoint echoes until its peer closes. Prints the listeners, then the
 /// node's queue-pair counts.
@@ -153,15 +166,7 @@ fn child_xrc_node() {
         return;
     }
     let node = Node::open("soft:127.0.0.1").expect("node");
-    let ctxs: Vec<Context> = (0..N_PROC)
-        .map(|_| {
-            Context::builder()
-                .node(&node)
-                .srq_depth(256)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let ctxs = node_contexts(&node);
     let listeners: Vec<_> = ctxs
         .iter()
         .map(|c| c.listen("127.0.0.1:0").unwrap())
@@ -222,15 +227,7 @@ fn two_processes_as_two_nodes() {
     let addrs: Vec<&str> = listen.split_whitespace().collect();
     assert_eq!(addrs.len(), N_PROC, "{listen}");
     let node = Node::open("soft:127.0.0.1").unwrap();
-    let ctxs: Vec<Context> = (0..N_PROC)
-        .map(|_| {
-            Context::builder()
-                .node(&node)
-                .srq_depth(256)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let ctxs = node_contexts(&node);
     let mut eps = Vec::new();
     for (i, c) in ctxs.iter().enumerate() {
         for (j, a) in addrs.iter().enumerate() {

@@ -60,8 +60,17 @@ impl ProtectionDomain {
                 "{len} bytes exceeds max_mr_size"
             )));
         }
-        let mem =
-            Arc::new(RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?);
+        let mem = RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?;
+        self.register(mem, access)
+    }
+
+    /// Registers `mem` with the device under this domain.
+    fn register(
+        &self,
+        mem: RegisteredMemory,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        let mem = Arc::new(mem);
         let (key, rkey) = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
         Ok(MemoryRegion {
             pd: self.inner.clone(),
@@ -93,17 +102,10 @@ impl ProtectionDomain {
             )));
         }
         let len = bytes.len();
-        let mem = Arc::new(RegisteredMemory::from_shared(bytes).ok_or_else(|| {
+        let mem = RegisteredMemory::from_shared(bytes).ok_or_else(|| {
             VerbsError::InvalidArgument(format!("cannot register {len} shared bytes"))
-        })?);
-        let (key, rkey) = self.inner.ctx.dev().reg_mr(self.inner.id, &mem, access)?;
-        Ok(MemoryRegion {
-            pd: self.inner.clone(),
-            mem,
-            key,
-            rkey,
-            access,
-        })
+        })?;
+        self.register(mem, access)
     }
 
     /// Creates an address handle for UD sends (`ibv_create_ah`).
