@@ -28,6 +28,9 @@ use crate::ep::{Ep, Hold, Inbound, OpResult, RndvSrc, Status, wrid};
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
+/// Inline payloads up to this size are framed in a stack buffer (larger ones, possible only
+/// with a raised `RDMX_INLINE_THRESHOLD`, on the heap).
+const SMALL_INLINE: usize = 240;
 /// An unsignaled send is followed by a signaled one at least this often.
 const SIGNAL_EVERY: u32 = 16;
 
@@ -905,14 +908,23 @@ impl Shared {
         if len <= self.inline_max {
             hdr.grant = ep.recv.advertise();
             ep.rndv_in_adv = ep.rndv_in_done;
-            let mut frame = [0u8; HEADER_LEN + 4096];
-            hdr.write(&mut frame);
-            frame[HEADER_LEN..HEADER_LEN + len].copy_from_slice(payload.bytes());
+            // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
+            // array on every send cost more than the rest of this path.
+            let mut small = [0u8; HEADER_LEN + SMALL_INLINE];
+            let mut large = Vec::new();
+            let frame: &mut [u8] = if len <= SMALL_INLINE {
+                &mut small[..HEADER_LEN + len]
+            } else {
+                large.resize(HEADER_LEN + len, 0);
+                &mut large
+            };
+            hdr.write(frame);
+            frame[HEADER_LEN..].copy_from_slice(payload.bytes());
             ep.send.take();
             post_on(
                 ep,
                 WrOpcode::Send,
-                PostData::Inline(&frame[..HEADER_LEN + len]),
+                PostData::Inline(frame),
                 Hold::None,
                 false,
             )?;
