@@ -870,11 +870,11 @@ pub fn expect_hello(
         Ok(Frame::Reject(reason)) => return Err(BootstrapError::Rejected(reason)),
         Err(err) => Err(err),
     };
-    if let Err(err) = &result {
-        if let Some(reason) = reject_reason(err) {
-            // Best effort: the error we return is the one that matters.
-            reject(stream, &reason, deadline).ok();
-        }
+    if let Err(err) = &result
+        && let Some(reason) = reject_reason(err)
+    {
+        // Best effort: the error we return is the one that matters.
+        reject(stream, &reason, deadline).ok();
     }
     result
 }

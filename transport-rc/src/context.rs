@@ -498,7 +498,7 @@ pub(crate) fn wait_until<T>(
     loop {
         {
             let mut st = sh.state.lock();
-            if polls % CLOCK_EVERY == 0 {
+            if polls.is_multiple_of(CLOCK_EVERY) {
                 sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
             }
             if sh.progress(&mut st) > 0 {
@@ -508,7 +508,7 @@ pub(crate) fn wait_until<T>(
                 return r;
             }
             polls = polls.wrapping_add(1);
-            if polls % CLOCK_EVERY != 0 {
+            if !polls.is_multiple_of(CLOCK_EVERY) {
                 drop(st);
                 std::hint::spin_loop();
                 continue;

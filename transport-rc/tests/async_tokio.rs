@@ -65,7 +65,7 @@ async fn cancelled_futures_lose_nothing() {
     while cancelled < 3 {
         let big = vec![sent as u8; 40_000]; // rendezvous
         let small = sent.to_le_bytes();
-        let data: &[u8] = if sent % 2 == 0 { &small } else { &big };
+        let data: &[u8] = if sent.is_multiple_of(2) { &small } else { &big };
         let f = match tokio::time::timeout(Duration::from_millis(30), cep.send_async(data)).await {
             Ok(r) => r.map(|()| true),
             Err(_) => Ok(false),

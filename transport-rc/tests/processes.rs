@@ -110,7 +110,7 @@ fn child_streamer() {
     loop {
         ep.send(&i.to_le_bytes()).unwrap();
         i = i.wrapping_add(1);
-        if i % 1000 == 0 {
+        if i.is_multiple_of(1000) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }

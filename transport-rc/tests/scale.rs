@@ -80,7 +80,7 @@ fn slow_receiver_bounds_memory() {
             assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), next);
         }
         next += 1;
-        if next % 500 == 0 {
+        if next.is_multiple_of(500) {
             std::thread::sleep(Duration::from_millis(20));
             max_registered = max_registered.max(recv_ctx.pool_stats().registered_bytes);
         }

@@ -52,10 +52,11 @@ impl Device {
                 .into_iter()
                 .map(|name| Self { name }),
         );
-        if let Ok(name) = std::env::var("RDMX_DEVICE") {
-            if name != soft::DEFAULT_DEVICE && soft::parse_name(&name).is_ok() {
-                v.push(Self { name });
-            }
+        if let Ok(name) = std::env::var("RDMX_DEVICE")
+            && name != soft::DEFAULT_DEVICE
+            && soft::parse_name(&name).is_ok()
+        {
+            v.push(Self { name });
         }
         Ok(v)
     }

@@ -112,7 +112,7 @@ impl RegisteredMemory {
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
-        debug_assert!(i + 8 <= self.len && (self.addr() as usize + i) % 8 == 0);
+        debug_assert!(i + 8 <= self.len && (self.addr() as usize + i).is_multiple_of(8));
         // SAFETY: callers check that `i..i+8` is inside the allocation and 8-byte aligned
         // (the base is page aligned); all accesses are atomic.
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(i).cast::<u64>()) }
@@ -121,7 +121,7 @@ impl RegisteredMemory {
     /// The atomic word at `offset`, if it is 8-byte aligned and inside the region.
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
         let end = offset.checked_add(8)?;
-        if self.shared.is_some() || end > self.len || offset % 8 != 0 {
+        if self.shared.is_some() || end > self.len || !offset.is_multiple_of(8) {
             return None;
         }
         Some(self.word(offset))
@@ -143,7 +143,7 @@ impl RegisteredMemory {
         let mut i = offset;
         let mut d = 0;
         // Leading bytes up to the next 8-byte boundary.
-        while i < end && i % 8 != 0 {
+        while i < end && !i.is_multiple_of(8) {
             dst[d] = self.byte(i).load(Ordering::Relaxed);
             i += 1;
             d += 1;
@@ -177,7 +177,7 @@ impl RegisteredMemory {
         }
         let mut i = offset;
         let mut s = 0;
-        while i < end && i % 8 != 0 {
+        while i < end && !i.is_multiple_of(8) {
             self.byte(i).store(src[s], Ordering::Relaxed);
             i += 1;
             s += 1;

@@ -273,7 +273,7 @@ impl MemoryRegion {
     /// # Errors
     /// `InvalidArgument` when unaligned or out of range.
     pub fn read_u64(&self, offset: usize) -> Result<u64, VerbsError> {
-        if self.is_read_only() && offset % 8 == 0 {
+        if self.is_read_only() && offset.is_multiple_of(8) {
             // Immutable bytes: a plain read is atomic enough.
             let mut w = [0u8; 8];
             self.read(offset, &mut w)?;

@@ -64,11 +64,11 @@ impl SharedReceiveQueue {
     ) -> Result<Self, VerbsError> {
         let dev = pd.inner.ctx.dev();
         let id = dev.create_srq(pd.inner.id, xrc, a.max_wr, a.max_sge)?;
-        if a.srq_limit > 0 {
-            if let Err(e) = dev.modify_srq(id, None, Some(a.srq_limit)) {
-                let _ = dev.destroy_srq(id);
-                return Err(e);
-            }
+        if a.srq_limit > 0
+            && let Err(e) = dev.modify_srq(id, None, Some(a.srq_limit))
+        {
+            let _ = dev.destroy_srq(id);
+            return Err(e);
         }
         Ok(Self {
             inner: Arc::new(SrqInner {

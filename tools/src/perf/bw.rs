@@ -65,7 +65,7 @@ fn stream(
         let room = depth.saturating_sub(outstanding).min(end - ep.sends_posted);
         if room > 0 {
             ep.post(op, room, |id| {
-                id + 1 == end || (id + 1 - base) % sig_every == 0
+                id + 1 == end || (id + 1 - base).is_multiple_of(sig_every)
             })?;
         }
         let before = ep.sends_done;
@@ -211,7 +211,7 @@ fn stream_ud(
         let room = window.saturating_sub(in_flight).min(end - sent);
         if room > 0 {
             ep.post(Op::Send, room, |id| {
-                id + 1 == end || (id + 1 - base) % sig_every == 0
+                id + 1 == end || (id + 1 - base).is_multiple_of(sig_every)
             })?;
             continue;
         }

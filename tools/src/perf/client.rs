@@ -377,14 +377,14 @@ pub(crate) fn run_local(cfg: &ClientConfig) -> Result<()> {
 pub(crate) fn check_local_device(device: Option<&str>) -> Result<()> {
     if let Some(d) = device {
         // Both sides open the device on this host: a fixed UDP port cannot be bound twice.
-        if let Ok(addrs) = rdmx::verbs::soft::parse_name(d) {
-            if addrs.iter().any(|a| a.port() != 0) {
-                return Err(Error::msg(format!(
-                    "--local opens device {d} in two processes on this host, so it cannot \
+        if let Ok(addrs) = rdmx::verbs::soft::parse_name(d)
+            && addrs.iter().any(|a| a.port() != 0)
+        {
+            return Err(Error::msg(format!(
+                "--local opens device {d} in two processes on this host, so it cannot \
                      have a fixed UDP port; name it without one (e.g. soft:{})",
-                    addrs[0].ip()
-                )));
-            }
+                addrs[0].ip()
+            )));
         }
     }
     Ok(())

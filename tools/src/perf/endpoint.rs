@@ -458,13 +458,13 @@ impl Endpoint {
                         )));
                     }
                 }
-                if let Some(peer) = &self.ud {
-                    if wc.src_qp != peer.qpn {
-                        return Err(Error::msg(format!(
-                            "datagram from {}, expected one from the peer's {}",
-                            wc.src_qp, peer.qpn
-                        )));
-                    }
+                if let Some(peer) = &self.ud
+                    && wc.src_qp != peer.qpn
+                {
+                    return Err(Error::msg(format!(
+                        "datagram from {}, expected one from the peer's {}",
+                        wc.src_qp, peer.qpn
+                    )));
                 }
                 self.recvs_done += 1;
                 self.last_recv = wc;
@@ -536,7 +536,7 @@ impl Endpoint {
                 continue;
             }
             spins = spins.wrapping_add(1);
-            if self.busy && spins % 256 != 0 {
+            if self.busy && !spins.is_multiple_of(256) {
                 continue;
             }
             let now = Instant::now();

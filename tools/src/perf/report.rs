@@ -286,7 +286,7 @@ impl Progress {
             return;
         }
         self.calls = self.calls.wrapping_add(1);
-        if self.calls % 16 != 0 {
+        if !self.calls.is_multiple_of(16) {
             return;
         }
         let now = Instant::now();

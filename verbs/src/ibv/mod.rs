@@ -215,10 +215,10 @@ impl IbvDevice {
     fn stop_thread(&self) {
         self.shared.stop.store(true, Ordering::Release);
         let h = self.thread.lock().take();
-        if let Some(h) = h {
-            if h.join().is_err() {
-                tracing::warn!(device = %self.name, "the ibverbs event thread panicked");
-            }
+        if let Some(h) = h
+            && h.join().is_err()
+        {
+            tracing::warn!(device = %self.name, "the ibverbs event thread panicked");
         }
     }
 

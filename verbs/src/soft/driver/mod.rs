@@ -740,10 +740,10 @@ pub(crate) fn shutdown(shared: &Shared) {
     shared.shutdown.store(true, Ordering::Relaxed);
     shared.wake.signal();
     let handle = shared.thread.lock().take();
-    if let Some(h) = handle {
-        if h.thread().id() != std::thread::current().id() {
-            let _ = h.join();
-        }
+    if let Some(h) = handle
+        && h.thread().id() != std::thread::current().id()
+    {
+        let _ = h.join();
     }
     flush_pcap();
 }

@@ -584,10 +584,10 @@ impl Nic {
                 "an XRC target QP needs an XRC domain".into(),
             ));
         }
-        if let Some(id) = srq {
-            if !self.res.srqs.contains_key(&id) {
-                return Err(VerbsError::NoSuchObject("shared receive queue"));
-            }
+        if let Some(id) = srq
+            && !self.res.srqs.contains_key(&id)
+        {
+            return Err(VerbsError::NoSuchObject("shared receive queue"));
         }
         let cqs_needed: &[u32] = match qp_type {
             QpType::XrcRecv => &[],

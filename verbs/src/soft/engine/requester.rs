@@ -102,15 +102,14 @@ impl Requester {
             .sq
             .iter()
             .position(|w| w.started && !w.last_psn().before(una))
+            && idx <= self.cursor
         {
-            if idx <= self.cursor {
-                let off = self
-                    .sq
-                    .get(idx)
-                    .map_or(0, |w| una.diff(w.first_psn).max(0) as u32);
-                self.cursor = idx;
-                self.pkt_off = off;
-            }
+            let off = self
+                .sq
+                .get(idx)
+                .map_or(0, |w| una.diff(w.first_psn).max(0) as u32);
+            self.cursor = idx;
+            self.pkt_off = off;
         }
         self.rto = None;
         self.arm_rto(now);
@@ -279,7 +278,7 @@ impl Qp {
                 };
                 let solicited =
                     last && w.flags.contains(SendFlags::SOLICITED) && (send || imm.is_some());
-                let ack_req = last || (off + 1) % ACK_REQ_EVERY == 0;
+                let ack_req = last || (off + 1).is_multiple_of(ACK_REQ_EVERY);
                 hdr.bth = bth(opcode, ack_req, solicited);
                 hdr.immdt = imm;
                 if !send && first {
@@ -572,10 +571,10 @@ impl Qp {
                 res.counters.rx_malformed += 1;
                 return;
             };
-            if let Some(w) = self.req.sq.front() {
-                if let Payload::Segs(segs) = &w.payload {
-                    scatter(segs, 0, &ack.orig.to_ne_bytes());
-                }
+            if let Some(w) = self.req.sq.front()
+                && let Payload::Segs(segs) = &w.payload
+            {
+                scatter(segs, 0, &ack.orig.to_ne_bytes());
             }
             self.complete_front(res);
             self.on_progress(now, res);

@@ -447,17 +447,15 @@ impl Qp {
             let total = *total;
             self.resp.cur = None;
             self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
-            if with_imm {
-                if let Some(wqe) = self.take_recv(res) {
-                    let wc = self.recv_wc(
-                        wqe.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::RecvRdmaWithImm,
-                        total,
-                        hdr.immdt,
-                    );
-                    res.complete(self.recv_cq, wc, hdr.bth.solicited);
-                }
+            if with_imm && let Some(wqe) = self.take_recv(res) {
+                let wc = self.recv_wc(
+                    wqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total,
+                    hdr.immdt,
+                );
+                res.complete(self.recv_cq, wc, hdr.bth.solicited);
             }
         }
         self.resp.epsn = psn.add(1);

@@ -360,7 +360,7 @@ fn mixed_workload(seed: u64, link: LinkCfg, ops: usize) {
                 sends += 1;
                 posted += 1;
                 // Do not reuse a slot before its message was delivered.
-                if sends % 60 == 0 {
+                if sends.is_multiple_of(60) {
                     let target = sends;
                     let mut got = Vec::new();
                     let want = expected_recv.len();

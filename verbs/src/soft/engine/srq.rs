@@ -163,13 +163,13 @@ impl Nic {
                 ),
             });
         }
-        if let Some(l) = limit {
-            if l > new_max {
-                return Err(VerbsError::InvalidAttribute {
-                    attr: "srq_limit",
-                    reason: format!("{l} exceeds max_wr {new_max}"),
-                });
-            }
+        if let Some(l) = limit
+            && l > new_max
+        {
+            return Err(VerbsError::InvalidAttribute {
+                attr: "srq_limit",
+                reason: format!("{l} exceeds max_wr {new_max}"),
+            });
         }
         s.max_wr = new_max;
         if let Some(l) = limit {
