@@ -22,6 +22,10 @@
 #   SKIP_BUILD=1                   use an existing target/release/rdmx instead of building
 #   KEEP_LOGS=1                    keep the per-run logs (their directory is printed)
 #
+# Besides the medians, the report gives paired ratios: for each repetition, msg against the
+# other tool's run of the same repetition (seconds apart), then the median of those ratios;
+# on a noisy machine they move less than the ratio of two medians.
+#
 # Everything busy-polls (rdmx --busy-poll; ucx_perftest always polls). All latencies are
 # one-way (ping-pong round trip / 2). UCX prints MB/s as 2^20 bytes/s; the tables convert it
 # to 10^6 bytes/s like rdmx.
@@ -279,6 +283,22 @@ echo "| latency 8 B, p50 (us) | $lat_am | $lat_tag | $lat_verbs (send_lat) | $la
 echo "| | | | | | msg <= 1.10 x verbs send_lat (msg/verbs = $(ratio "$lat_msg" "$lat_verbs")) | $(verdict "$lat_msg <= 1.10 * $lat_verbs") |"
 echo "| message rate 8 B (msg/s) | $rate_am | $rate_tag | | $rate_msg | msg >= UCX tcp (both) | $(verdict "$rate_msg >= $rate_am && $rate_msg >= $rate_tag") |"
 echo "| bandwidth 1 MiB (MB/s) | $bw_am | $bw_tag | $bw_verbs (write_bw) | $bw_msg | msg >= 0.95 x verbs write_bw (msg/verbs = $(ratio "$bw_msg" "$bw_verbs")) | $(verdict "$bw_msg >= 0.95 * $bw_verbs") |"
+echo
+echo "Paired (the median over repetitions of each repetition's own ratio; runs of one"
+echo "repetition ran seconds apart, so this cancels part of the drift between repetitions):"
+echo
+echo "| ratio | paired median | target | verdict |"
+echo "| --- | ---: | --- | --- |"
+p_lat_ucx=$(paired msg/lat/8/p50 ucx/ucp_am_lat/8/p50 ucx/tag_lat/8/p50)
+p_lat_verbs=$(paired msg/lat/8/p50 verbs/send_lat/8/p50)
+p_bw=$(paired msg/bw/$M/bw verbs/write_bw/$M/bw)
+echo "| msg lat 8 B / better UCX lat | $p_lat_ucx | <= 1.00 | $(verdict "$p_lat_ucx <= 1.00") |"
+echo "| msg lat 8 B / verbs send_lat | $p_lat_verbs | <= 1.10 | $(verdict "$p_lat_verbs <= 1.10") |"
+p_rate_am=$(paired msg/rate/8/rate ucx/ucp_am_bw/8/rate)
+p_rate_tag=$(paired msg/rate/8/rate ucx/tag_bw/8/rate)
+echo "| msg rate 8 B / UCX ucp_am_bw | $p_rate_am | >= 1.00 | $(verdict "$p_rate_am >= 1.00") |"
+echo "| msg rate 8 B / UCX tag_bw | $p_rate_tag | >= 1.00 | $(verdict "$p_rate_tag >= 1.00") |"
+echo "| msg bw 1 MiB / verbs write_bw | $p_bw | >= 0.95 | $(verdict "$p_bw >= 0.95") |"
 if [[ "${SKIP_EXTRA:-0}" != 1 ]]; then
     echo
     echo "| extra (medians of $EXTRA_REPS) | rdmx verbs | rdmx msg | msg protocol |"

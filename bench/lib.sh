@@ -46,3 +46,29 @@ median() {
             printf "%.*f\n", d, m * k
         }'
 }
+
+# paired KEY_A KEY_B [MIN_OF_KEY_C] -> median over repetitions r of A[r] / B[r] (with a third
+# key, of A[r] / min(B[r], C[r])), 2 decimals, or n/a. Runs of one repetition ran seconds
+# apart, so each ratio cancels part of this machine's drift between repetitions.
+paired() {
+    local -a a b c
+    read -r -a a <<<"${VALS[$1]:-}"
+    read -r -a b <<<"${VALS[$2]:-}"
+    read -r -a c <<<"${VALS[${3:-__none__}]:-}"
+    local n=${#a[@]} i out=""
+    for ((i = 0; i < n; i++)); do
+        out+="${a[$i]} ${b[$i]:-n/a} ${c[$i]:-}"$'\n'
+    done
+    printf '%s' "$out" | awk '
+        $1 ~ /^[-+0-9.eE]+$/ && $2 ~ /^[-+0-9.eE]+$/ {
+            d = $2 + 0
+            if (NF >= 3 && $3 ~ /^[-+0-9.eE]+$/ && $3 + 0 < d) d = $3 + 0
+            if (d > 0) r[n++] = ($1 + 0) / d
+        }
+        END {
+            if (n == 0) { print "n/a"; exit }
+            for (i = 1; i < n; i++) { x = r[i]; j = i - 1; while (j >= 0 && r[j] > x) { r[j + 1] = r[j]; j-- } r[j + 1] = x }
+            m = (n % 2) ? r[(n - 1) / 2] : (r[n / 2 - 1] + r[n / 2]) / 2
+            printf "%.2f\n", m
+        }'
+}
