@@ -5,7 +5,8 @@
 //!
 //! * the message layer at the top level: [`Context`] (device, shared receive queue, buffer
 //!   pool, progress), [`Endpoint`] (ordered, exactly-once, flow-controlled messages and
-//!   one-sided operations), [`Message`], [`Buf`], [`Event`], [`Error`];
+//!   one-sided operations), [`Message`], [`Buf`], [`SharedBytes`] (application memory sent
+//!   zero-copy through the registration cache), [`Node`] (XRC), [`Event`], [`Error`];
 //! * [`core`]: configuration, buffer pool, wire header, credits, bootstrap;
 //! * [`verbs`]: devices, protection domains, memory regions, completion queues and queue
 //!   pairs, on the built-in soft provider (a userspace RoCEv2 NIC over UDP) or, with the
@@ -17,6 +18,9 @@
 //! let ep = listener.accept()?;
 //! let msg = ep.recv()?;
 //! ep.send(&msg)?;
+//! // Large application buffers go zero-copy; the registration is cached for the next send.
+//! let blob: std::sync::Arc<[u8]> = vec![7u8; 1 << 20].into();
+//! ep.send_shared(blob.clone())?;
 //! # Ok::<(), rdmx::Error>(())
 //! ```
 #![forbid(unsafe_code)]
