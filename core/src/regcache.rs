@@ -350,4 +350,104 @@ mod tests {
         c.register(&SharedBytes::from(&DATA[8..16])).unwrap();
         assert_eq!(c.stats().hits, 1, "the static range stayed cached");
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// Register a slice of buffer `b` (from `start` for `len`, clamped).
+            Register {
+                b: usize,
+                start: usize,
+                len: usize,
+            },
+            /// Drop the oldest registration handle still held.
+            DropHandle,
+            /// Replace buffer `b` by a new one (the old owner is dropped by the test).
+            Replace {
+                b: usize,
+                size: usize,
+            },
+            Flush,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0..4usize, 0..3000usize, 1..3000usize)
+                    .prop_map(|(b, start, len)| Op::Register { b, start, len }),
+                2 => Just(Op::DropHandle),
+                1 => (0..4usize, 1..3000usize).prop_map(|(b, size)| Op::Replace { b, size }),
+                1 => Just(Op::Flush),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            /// Whatever the sequence, a registration covers its bytes and holds exactly them,
+            /// the byte count matches the entries, and idle entries stay under the cap.
+            #[test]
+            fn registrations_always_hold_the_bytes(ops in proptest::collection::vec(op(), 1..60)) {
+                let cap = 6000;
+                let c = RegCache::new(pd(), cap);
+                let mut bufs: Vec<SharedBytes> = (0..4u8)
+                    .map(|i| SharedBytes::from(vec![i; 1000 + 500 * i as usize]))
+                    .collect();
+                let mut seed = 1u8;
+                let mut misses = 0;
+                let mut held: std::collections::VecDeque<(Registered, Vec<u8>)> = Default::default();
+                for op in ops {
+                    match op {
+                        Op::Register { b, start, len } => {
+                            let buf = &bufs[b];
+                            let start = start % buf.len();
+                            let len = len.min(buf.len() - start).max(1);
+                            let view = buf.slice(start..start + len).unwrap();
+                            let r = c.register(&view).unwrap();
+                            let base = r.region().addr();
+                            prop_assert!(r.addr() >= base);
+                            let off = (r.addr() - base) as usize;
+                            prop_assert!(off + r.len() <= r.region().len());
+                            let got = r.region().to_vec(off, r.len()).unwrap();
+                            prop_assert_eq!(&got[..], &view[..]);
+                            held.push_back((r, view.to_vec()));
+                        }
+                        Op::DropHandle => {
+                            held.pop_front();
+                        }
+                        Op::Replace { b, size } => {
+                            seed = seed.wrapping_add(17);
+                            bufs[b] = SharedBytes::from(vec![seed; size]);
+                        }
+                        Op::Flush => {
+                            c.flush();
+                        }
+                    }
+                    // Held registrations still hold their bytes, whatever happened since.
+                    for (r, want) in &held {
+                        let off = (r.addr() - r.region().addr()) as usize;
+                        prop_assert_eq!(&r.region().to_vec(off, r.len()).unwrap()[..], &want[..]);
+                    }
+                    let st = c.stats();
+                    let g = c.inner.lock();
+                    let sum: usize = g.map.keys().map(|(s, e)| (e - s) as usize).sum();
+                    prop_assert_eq!(st.bytes, sum);
+                    prop_assert_eq!(st.entries, g.map.len());
+                    let idle: usize = g
+                        .map
+                        .iter()
+                        .filter(|(_, e)| Arc::strong_count(&e.mr) == 1)
+                        .map(|((s, e), _)| (e - s) as usize)
+                        .sum();
+                    // Eviction runs when a miss adds an entry: then the cache is under its
+                    // cap, or every entry left is in use.
+                    if st.misses > misses {
+                        prop_assert!(st.bytes <= cap || idle == 0, "{} idle of {}", idle, st.bytes);
+                    }
+                    misses = st.misses;
+                }
+            }
+        }
+    }
 }
