@@ -10,7 +10,7 @@ use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
 
 use crate::context::{Context, wait_until};
-use crate::ep::{Inbound, Status};
+use crate::ep::{Inbound, OpSource, Status};
 use crate::shared::{Payload, Shared, State};
 
 /// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
@@ -384,7 +384,7 @@ impl Endpoint {
 
     // ------------------------------------------------------------------ one-sided
 
-    fn one_sided(&self, op: WrOpcode, local: Option<Buf>) -> Result<Option<Buf>> {
+    fn one_sided(&self, op: WrOpcode, local: OpSource) -> Result<Option<Buf>> {
         let sh = &*self.sh;
         let mut local = Some(local);
         let mut seq = None;
@@ -439,7 +439,36 @@ impl Endpoint {
                 remote_addr: addr,
                 rkey: Rkey(remote.rkey),
             },
-            Some(buf),
+            OpSource::Buf(buf),
+        )?;
+        Ok(())
+    }
+
+    /// Writes application bytes into the peer's region at `offset` without copying them
+    /// (an RDMA WRITE straight from the bytes, registered through the context's
+    /// registration cache), and waits until they are there. For small writes a copy is
+    /// cheaper: use [`write`](Self::write).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write); `Verbs` when the bytes cannot be registered.
+    pub fn write_shared(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: impl Into<SharedBytes>,
+    ) -> Result<()> {
+        let data = data.into();
+        if data.is_empty() {
+            return self.write(remote, offset, &[]);
+        }
+        let addr = Self::target(remote, offset, data.len() as u64)?;
+        let reg = self.sh.regcache.register(&data)?;
+        self.one_sided(
+            WrOpcode::RdmaWrite {
+                remote_addr: addr,
+                rkey: Rkey(remote.rkey),
+            },
+            OpSource::Shared(reg),
         )?;
         Ok(())
     }
@@ -457,7 +486,7 @@ impl Endpoint {
                 remote_addr: addr,
                 rkey: Rkey(remote.rkey),
             },
-            Some(buf),
+            OpSource::Buf(buf),
         )?;
         out.ok_or_else(|| Error::Protocol("read completed without its buffer".into()))
     }
@@ -466,7 +495,7 @@ impl Endpoint {
         let mut buf = self.sh.pool.try_alloc(8)?;
         buf.fill(0);
         let out = self
-            .one_sided(op, Some(buf))?
+            .one_sided(op, OpSource::Buf(buf))?
             .ok_or_else(|| Error::Protocol("atomic completed without its buffer".into()))?;
         let mut w = [0u8; 8];
         w.copy_from_slice(&out[..8]);

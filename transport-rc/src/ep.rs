@@ -61,9 +61,25 @@ pub(crate) enum Hold {
     None,
     /// A buffer the NIC reads from (eager send) — released at completion.
     Buf(Buf),
-    /// A one-sided operation the application waits for (its local buffer, if any, is
-    /// returned with the result).
-    Op(Option<Buf>),
+    /// Application bytes the NIC reads from (kept after a failure until the queue pair is
+    /// flushed).
+    // Held only to keep the registration and its bytes alive.
+    #[allow(dead_code)]
+    Shared(rdmx_core::Registered),
+    /// A one-sided operation the application waits for (a local pooled buffer is returned
+    /// with the result).
+    Op(OpSource),
+}
+
+/// The local side of a one-sided operation.
+#[derive(Debug)]
+pub(crate) enum OpSource {
+    /// None (the data is inline or there is none).
+    None,
+    /// A pooled buffer: written by READs and atomics, read by WRITEs; given back.
+    Buf(Buf),
+    /// Application bytes an RDMA WRITE reads in place (`write_shared`).
+    Shared(rdmx_core::Registered),
 }
 
 /// The result of a one-sided operation.

@@ -24,7 +24,7 @@ use rdmx_verbs::{
 };
 use slab::Slab;
 
-use crate::ep::{Ep, Hold, Inbound, OpResult, RndvSrc, Status, wrid};
+use crate::ep::{Ep, Hold, Inbound, OpResult, OpSource, RndvSrc, Status, wrid};
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
@@ -376,7 +376,11 @@ impl Shared {
             let Some((s, hold)) = ep.inflight.pop_front() else {
                 break;
             };
-            if let Hold::Op(buf) = hold {
+            if let Hold::Op(src) = hold {
+                let buf = match src {
+                    OpSource::Buf(b) => Some(b),
+                    OpSource::None | OpSource::Shared(_) => None,
+                };
                 let status = if s == seq {
                     c.status
                 } else {
@@ -743,13 +747,17 @@ impl Shared {
         // posted work request names, stay in the endpoint until the flush completion of that
         // request arrives or the queue pair is destroyed: a NIC may still be using them.
         for (s, hold) in ep.inflight.iter_mut() {
-            if let Hold::Op(buf) = hold {
+            if let Hold::Op(src) = hold {
                 ep.ops_done.push(OpResult {
                     seq: *s,
                     status: WcStatus::WrFlushErr,
                     buf: None,
                 });
-                *hold = buf.take().map_or(Hold::None, Hold::Buf);
+                *hold = match std::mem::replace(src, OpSource::None) {
+                    OpSource::None => Hold::None,
+                    OpSource::Buf(b) => Hold::Buf(b),
+                    OpSource::Shared(r) => Hold::Shared(r),
+                };
             }
         }
         // Rendezvous buffers stay too (released with the queue pair); nobody needs to
@@ -1017,8 +1025,8 @@ impl Shared {
         st: &mut State,
         k: usize,
         op: WrOpcode,
-        local: Option<Buf>,
-    ) -> Result<std::result::Result<u32, Option<Buf>>> {
+        local: OpSource,
+    ) -> Result<std::result::Result<u32, OpSource>> {
         let Some(ep) = st.eps.get_mut(k) else {
             return Err(Error::Disconnected(DisconnectCause::LocalClose));
         };
@@ -1029,10 +1037,9 @@ impl Shared {
             return Ok(Err(local));
         }
         let seq = ep.next_seq;
-        let data = if local.is_some() {
-            PostData::Buf
-        } else {
-            PostData::Inline(&[])
+        let data = match local {
+            OpSource::None => PostData::Inline(&[]),
+            OpSource::Buf(_) | OpSource::Shared(_) => PostData::Buf,
         };
         post_on(ep, op, data, Hold::Op(local), true)?;
         Ok(Ok(seq))
@@ -1069,8 +1076,20 @@ pub(crate) fn post_on(
             wr.send_flags |= SendFlags::INLINE;
             wr
         }
-        (PostData::Buf, Hold::Buf(b) | Hold::Op(Some(b))) => {
+        (PostData::Buf, Hold::Buf(b) | Hold::Op(OpSource::Buf(b))) => {
             sge = b.sge();
+            SendWr::new(
+                wrid::make(wrid::SEND, 0, seq),
+                op,
+                std::slice::from_ref(&sge),
+            )
+        }
+        (PostData::Buf, Hold::Op(OpSource::Shared(r))) => {
+            sge = rdmx_verbs::Sge {
+                addr: r.addr(),
+                length: u32::try_from(r.len()).unwrap_or(u32::MAX),
+                lkey: r.lkey(),
+            };
             SendWr::new(
                 wrid::make(wrid::SEND, 0, seq),
                 op,

@@ -133,3 +133,75 @@ fn static_and_empty_and_oversized_shared_sends() {
     ));
     assert_eq!(c.stats().sent_zero_copy, 1);
 }
+
+#[test]
+fn one_sided_writes_from_shared_bytes() {
+    let (c, cep, s, sep) = pair(64 << 20);
+    let region = s.register(1 << 20).unwrap();
+    sep.send(&region.remote().to_bytes()).unwrap();
+    let m = cep.recv_timeout(Duration::from_secs(5)).unwrap();
+    let remote = rdmx_rc::RemoteRegion::from_bytes(&m).unwrap();
+    let src = SharedBytes::from(pattern(600_000, 3));
+    // The whole buffer, then two slices of it (cache hits), then nothing.
+    cep.write_shared(&remote, 0, src.clone()).unwrap();
+    assert_eq!(region.memory().to_vec(0, 600_000).unwrap(), &src[..]);
+    cep.write_shared(&remote, 700_000, src.slice(1000..5000).unwrap())
+        .unwrap();
+    cep.write_shared(&remote, 800_000, src.slice(599_990..).unwrap())
+        .unwrap();
+    assert_eq!(
+        region.memory().to_vec(700_000, 4000).unwrap(),
+        &src[1000..5000]
+    );
+    assert_eq!(
+        region.memory().to_vec(800_000, 10).unwrap(),
+        &src[599_990..]
+    );
+    cep.write_shared(&remote, 0, Vec::new()).unwrap();
+    let rc = c.regcache_stats();
+    assert_eq!((rc.misses, rc.hits), (1, 2), "{rc:?}");
+    // Out of range: refused before anything is posted.
+    assert!(matches!(
+        cep.write_shared(&remote, 500_000, src.clone()),
+        Err(rdmx_core::Error::InvalidArgument(_))
+    ));
+    // Still usable afterwards.
+    cep.send(b"after").unwrap();
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"after"
+    );
+}
+
+#[test]
+fn a_refused_shared_write_fails_the_endpoint_and_lets_the_bytes_go() {
+    let (c, cep, s, sep) = pair(64 << 20);
+    let region = s.register(1 << 16).unwrap();
+    let mut remote = region.remote();
+    remote.rkey ^= 0x5A5A_5A5A; // a key the peer never gave out
+    let src: Arc<[u8]> = Arc::from(pattern(40_000, 1));
+    let e = cep.write_shared(&remote, 0, src.clone()).unwrap_err();
+    assert!(matches!(e, rdmx_core::Error::Disconnected(_)), "{e}");
+    assert!(
+        region
+            .memory()
+            .to_vec(0, 64)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0)
+    );
+    // The endpoint keeps the registration until its queue pair is gone; then only the
+    // cache holds the bytes, and a flush lets them go.
+    drop(cep);
+    drop(sep);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&src) > 1 {
+        c.progress();
+        c.flush_regcache();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bytes are still referenced"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
