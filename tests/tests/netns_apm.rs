@@ -308,9 +308,12 @@ fn failover(test: &str, cut: Cut) {
     match cut {
         // The client saw its port fail on a send.
         Cut::BothEnds => assert!(cli_port_error.is_some(), "{}", detail()),
-        // Nothing fails locally at the client: it migrates when its retries run out, or
-        // follows the server if the server tried to acknowledge over its dead port.
-        Cut::FarEnd => assert!(cli_port_error.is_none(), "{}", detail()),
+        // Nothing fails locally at the client when the cut happens: it migrates when its
+        // retries run out, or follows the server if the server tried to acknowledge over its
+        // dead port. (A veth whose far end goes down loses its carrier too; the NIC's link
+        // check notices that some time later — the kernel reports carrier changes with a
+        // delay — and may then report the port down, after the migration.)
+        Cut::FarEnd => assert!(cli_port_error.is_none_or(|t| t > cli_event), "{}", detail()),
     }
     let server_went_first = srv_port_error.is_some_and(|t| t <= srv_event);
     // What made each side migrate: a failed send on its own port 1, its retries running out

@@ -21,6 +21,7 @@ use rdmx_tests::process::Proc;
 const ROLES: &str = env!("CARGO_BIN_EXE_rdmx-netns-roles");
 const COUNT: u64 = 1500;
 const CUT_AFTER: usize = 300;
+const RESTORE_AFTER: usize = 700;
 const WAIT: Duration = Duration::from_secs(30);
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -39,9 +40,14 @@ fn role(name: &str, device: &str, transport: &str) -> Command {
 }
 
 fn migrated_at(p: &Proc) -> Option<u64> {
+    event_at(p, "PathMigrated")
+}
+
+/// When `p` printed its first `EVENT <name>`.
+fn event_at(p: &Proc, name: &str) -> Option<u64> {
     lines_with(&p.stdout_now(), "EVENT")
         .iter()
-        .find(|l| l.words.first() == Some(&"PathMigrated"))
+        .find(|l| l.words.first() == Some(&name))
         .and_then(|l| l.pos(1))
 }
 
@@ -92,6 +98,13 @@ fn failover(transport: &str) {
     hosts.iface_down("cli", "A").expect("take link A down");
     hosts.iface_down("srv", "A").expect("take link A down");
 
+    // Link A comes back while the stream goes on: both sides must re-arm the path they
+    // left (`Event::PathRearmed`), which needs their NICs to see port 1 working again.
+    wait_for_nth(&server, "RECV", RESTORE_AFTER, WAIT)
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", describe(&server), describe(&client)));
+    hosts.iface_up("cli", "A").expect("bring link A back up");
+    hosts.iface_up("srv", "A").expect("bring link A back up");
+
     let srv_line = wait_for_line(&server, "RESULT", LIMIT)
         .unwrap_or_else(|e| panic!("server: {e}\n{}\n{}", describe(&server), describe(&client)));
     let cli_line = wait_for_line(&client, "RESULT", LIMIT)
@@ -114,10 +127,22 @@ fn failover(transport: &str) {
     let cli_event = migrated_at(&client).unwrap_or_else(|| panic!("client: {}", detail()));
     let srv_event = migrated_at(&server).unwrap_or_else(|| panic!("server: {}", detail()));
     assert!(cli_event > cut && srv_event > cut, "{}", detail());
+    let cli_rearm = event_at(&client, "PathRearmed")
+        .unwrap_or_else(|| panic!("client did not re-arm: {}", detail()));
+    let srv_rearm = event_at(&server, "PathRearmed")
+        .unwrap_or_else(|| panic!("server did not re-arm: {}", detail()));
+    assert!(
+        cli_rearm > cli_event && srv_rearm > srv_event,
+        "{}",
+        detail()
+    );
     eprintln!(
-        "MSG_FAILOVER transport={transport} client_event_ms={:.1} server_event_ms={:.1}",
+        "MSG_FAILOVER transport={transport} client_event_ms={:.1} server_event_ms={:.1} \
+         client_rearm_ms={:.1} server_rearm_ms={:.1}",
         (cli_event - cut) as f64 / 1e6,
-        (srv_event - cut) as f64 / 1e6
+        (srv_event - cut) as f64 / 1e6,
+        (cli_rearm - cut) as f64 / 1e6,
+        (srv_rearm - cut) as f64 / 1e6
     );
     assert!(
         server.wait().is_ok_and(|o| o.status.success()),

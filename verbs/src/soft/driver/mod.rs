@@ -134,6 +134,8 @@ pub(crate) struct Shared {
     tx_errors: AtomicU64,
     /// Bit per port: its link is down (sends failed and the interface says so).
     port_down: AtomicU64,
+    /// Ports whose link the periodic check has seen up at least once.
+    links_seen_up: AtomicU64,
     /// The network interface of each port, when known.
     ifnames: Vec<Option<String>>,
     /// Sends that failed because the destination was unreachable (not a port failure).
@@ -242,6 +244,7 @@ impl Shared {
         cfg.ports = bound.clone();
         let ifnames: Vec<Option<String>> =
             bound.iter().map(|a| sys::interface_of(a.ip())).collect();
+        tracing::debug!(?ifnames, "soft device interfaces");
         cfg.port_mtus = ifnames
             .iter()
             .map(|n| port_active_mtu(n.as_deref()))
@@ -272,6 +275,7 @@ impl Shared {
             event_fd: EventFd::new().map_err(io("eventfd"))?,
             tx_errors: AtomicU64::new(0),
             port_down: AtomicU64::new(0),
+            links_seen_up: AtomicU64::new(0),
             ifnames,
             tx_unreachable: AtomicU64::new(0),
             gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
@@ -748,9 +752,44 @@ pub(crate) fn shutdown(shared: &Shared) {
     flush_pcap();
 }
 
+/// How often the engine thread reads the operational state of a multi-port device's links.
+const LINK_CHECK_NS: u64 = 10_000_000;
+
+impl Shared {
+    /// True when the device has more than one port (then links are checked periodically:
+    /// a port whose link goes down fails over even when nothing is being sent on it).
+    fn checks_links(&self) -> bool {
+        self.ifnames.len() > 1 && self.ifnames.iter().any(Option::is_some)
+    }
+
+    /// Reads each port's link state and reports changes like send results do: a link that
+    /// went down takes its port down (`PortError`, armed queue pairs migrate), a link that
+    /// came back up brings it back (`PortActive`).
+    ///
+    /// A link never seen up since the device opened is not declared down here (a fresh
+    /// veth or NIC reports its link a little after it is configured, and a port that never
+    /// worked has nothing to fail over from); failed sends still take such a port down.
+    fn check_links(&self, now: u64) {
+        let (mut up, mut down) = (0u64, 0u64);
+        let seen = self.links_seen_up.load(Ordering::Relaxed);
+        for (port, name) in self.ifnames.iter().enumerate().take(64) {
+            let Some(name) = name else { continue };
+            if !sys::interface_link_down(name) {
+                up |= 1 << port;
+            } else if seen & (1 << port) != 0 {
+                down |= 1 << port;
+            }
+            tracing::trace!(port, name, up = up & (1 << port) != 0, "link check");
+        }
+        self.links_seen_up.fetch_or(up, Ordering::Relaxed);
+        self.track_ports(up, down, now);
+    }
+}
+
 /// The engine thread: owns timers, and reception whenever no thread is polling.
 fn engine_thread(weak: Weak<Shared>) {
     let mut fds = Vec::new();
+    let mut next_link_check = 0u64;
     loop {
         let Some(sh) = weak.upgrade() else {
             return;
@@ -765,6 +804,14 @@ fn engine_thread(weak: Weak<Shared>) {
         if poller_active {
             let handoff_end = last + HANDOFF_NS;
             deadline = Some(deadline.map_or(handoff_end, |d| d.min(handoff_end)));
+        }
+        let links = sh.checks_links();
+        if links {
+            if now >= next_link_check {
+                sh.check_links(now);
+                next_link_check = now + LINK_CHECK_NS;
+            }
+            deadline = Some(deadline.map_or(next_link_check, |d| d.min(next_link_check)));
         }
         let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
         fds.clear();
