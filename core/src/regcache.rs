@@ -184,8 +184,11 @@ impl RegCache {
             addr,
             len,
         };
-        inner.map.insert(key, Entry { mr, used: now });
-        inner.bytes += wlen;
+        // Replacing an entry for the same range (possible only when more than `SCAN`
+        // overlapping `'static` views hid it from the lookup) must not count it twice.
+        if inner.map.insert(key, Entry { mr, used: now }).is_none() {
+            inner.bytes += wlen;
+        }
         if inner.bytes > self.max {
             evict_lru(inner, self.max);
         }
