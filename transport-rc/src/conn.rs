@@ -53,6 +53,12 @@ fn create_qp(sh: &Shared) -> Result<QueuePair> {
         max_inline_data: sh.max_inline_data,
     };
     let qp = sh.pd.create_qp(&attr)?;
+    to_init(&qp)?;
+    Ok(qp)
+}
+
+/// RESET -> INIT on port 1 with every remote access (RC queue pairs and XRC targets).
+pub(crate) fn to_init(qp: &QueuePair) -> Result<()> {
     qp.modify(
         &QpAttr {
             qp_state: QpState::Init,
@@ -65,7 +71,67 @@ fn create_qp(sh: &Shared) -> Result<QueuePair> {
         },
         M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
     )?;
-    Ok(qp)
+    Ok(())
+}
+
+/// The address vector of a peer's path.
+pub(crate) fn av(path: &PathInfo) -> AhAttr {
+    AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port)
+}
+
+/// The path MTU both sides can use (the peer's, capped by our port's).
+pub(crate) fn path_mtu(sh: &Shared, peer_mtu: u32) -> Mtu {
+    Mtu::from_bytes_floor(peer_mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024)
+}
+
+/// INIT -> RTR towards `dest_qpn` over `path`, expecting `rq_psn` first. A responder (an RC
+/// queue pair or an XRC target) also gets READ/atomic resources and an RNR timer; an XRC
+/// initiator receives nothing.
+pub(crate) fn to_rtr(
+    sh: &Shared,
+    qp: &QueuePair,
+    path: &PathInfo,
+    peer_mtu: u32,
+    dest_qpn: u32,
+    rq_psn: u32,
+    responder: bool,
+) -> Result<()> {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av(path),
+        path_mtu: path_mtu(sh, peer_mtu),
+        dest_qp_num: dest_qpn,
+        rq_psn,
+        ..QpAttr::default()
+    };
+    let mut mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    if responder {
+        attr.max_dest_rd_atomic = 16;
+        attr.min_rnr_timer = 12;
+        mask |= M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    }
+    qp.modify(&attr, mask)?;
+    Ok(())
+}
+
+/// RTR -> RTS sending from `sq_psn`. A requester (an RC queue pair or an XRC initiator)
+/// gets the retry counts and READ/atomic depth; an XRC target sends only responses.
+pub(crate) fn to_rts(sh: &Shared, qp: &QueuePair, sq_psn: u32, requester: bool) -> Result<()> {
+    let mut attr = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: timeout_exponent(sh.cfg.peer_timeout),
+        sq_psn,
+        ..QpAttr::default()
+    };
+    let mut mask = M::STATE | M::TIMEOUT | M::SQ_PSN;
+    if requester {
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.max_rd_atomic = 16;
+        mask |= M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    }
+    qp.modify(&attr, mask)?;
+    Ok(())
 }
 
 pub(crate) fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
@@ -78,46 +144,45 @@ pub(crate) fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
     })
 }
 
-/// Moves the queue pair to RTR and RTS towards the peer.
+/// Moves the queue pair to RTR and RTS towards the peer (and loads the peer's alternate
+/// path when both sides have two ports).
 fn bring_up(sh: &Shared, qp: &QueuePair, my_psn: u32, peer: &EndpointInfo) -> Result<()> {
-    let mtu = Mtu::from_bytes_floor(peer.mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024);
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: AhAttr::new(Gid(peer.primary.gid)).with_udp_port(peer.primary.udp_port),
-            path_mtu: mtu,
-            dest_qp_num: peer.qpn,
-            rq_psn: peer.psn,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
-        },
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )?;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            timeout: timeout_exponent(sh.cfg.peer_timeout),
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: my_psn,
-            max_rd_atomic: 16,
-            ..QpAttr::default()
-        },
-        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-    )?;
+    to_rtr(sh, qp, &peer.primary, peer.mtu, peer.qpn, peer.psn, true)?;
+    to_rts(sh, qp, my_psn, true)?;
     if sh.ports >= 2
         && let Some(alt) = &peer.alternate
     {
         load_alternate(sh, qp, alt, 2)?;
     }
     Ok(())
+}
+
+/// Brings the queue pair of the registered endpoint `key` up towards `peer`.
+fn bring_up_endpoint(sh: &Shared, key: usize, psn: u32, peer: &EndpointInfo) -> Result<()> {
+    let st = sh.state.lock();
+    let ep = st
+        .eps
+        .get(key)
+        .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
+    bring_up(sh, &ep.qp, psn, peer)
+}
+
+/// Ends an exchange: the endpoint when `result` is `Ok`, else its registration undone and
+/// the error.
+pub(crate) fn settle(
+    sh: &Arc<Shared>,
+    key: usize,
+    id: u64,
+    result: Result<()>,
+    what: &str,
+    peer: SocketAddr,
+) -> Result<Endpoint> {
+    if let Err(e) = result {
+        unregister(sh, key);
+        return Err(e);
+    }
+    tracing::debug!(endpoint = id, %peer, "{what}");
+    Ok(Endpoint::new(Arc::clone(sh), key, id))
 }
 
 /// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's
@@ -128,13 +193,13 @@ pub(crate) fn load_alternate(
     path: &PathInfo,
     local_port: u8,
 ) -> Result<()> {
-    let mut av = AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port);
-    av.port_num = local_port;
+    let mut alt = av(path);
+    alt.port_num = local_port;
     qp.modify(
         &QpAttr {
             qp_state: QpState::Rts,
             path_mig_state: MigState::Rearm,
-            alt_ah_attr: av,
+            alt_ah_attr: alt,
             alt_port_num: local_port,
             alt_timeout: timeout_exponent(sh.cfg.peer_timeout),
             ..QpAttr::default()
@@ -314,23 +379,11 @@ pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
         check_peer(sh, &peer)?;
-        {
-            let st = sh.state.lock();
-            let ep = st
-                .eps
-                .get(key)
-                .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
-            bring_up(sh, &ep.qp, psn, &peer)?;
-        }
+        bring_up_endpoint(sh, key, psn, &peer)?;
         complete(sh, key, &peer);
         Ok(())
     })();
-    if let Err(e) = result {
-        unregister(sh, key);
-        return Err(e);
-    }
-    tracing::debug!(endpoint = id, %addr, "connected");
-    Ok(Endpoint::new(Arc::clone(sh), key, id))
+    settle(sh, key, id, result, "connected", addr)
 }
 
 /// The listening side, after the TCP accept.
@@ -355,24 +408,12 @@ pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> 
     };
     let (key, id, info) = register(sh, Arc::new(qp), psn)?;
     let result = (|| -> Result<()> {
-        {
-            let st = sh.state.lock();
-            let ep = st
-                .eps
-                .get(key)
-                .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
-            bring_up(sh, &ep.qp, psn, &peer)?;
-        }
+        bring_up_endpoint(sh, key, psn, &peer)?;
         complete(sh, key, &peer);
         bootstrap::send_frame(&mut stream, &Frame::Accept(info), deadline)?;
         Ok(())
     })();
-    if let Err(e) = result {
-        unregister(sh, key);
-        return Err(e);
-    }
-    tracing::debug!(endpoint = id, %from, "accepted");
-    Ok(Endpoint::new(Arc::clone(sh), key, id))
+    settle(sh, key, id, result, "accepted", from)
 }
 
 /// Background duties, every tick: probe peers that have been silent for half the peer

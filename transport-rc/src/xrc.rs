@@ -38,8 +38,8 @@ use parking_lot::Mutex;
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo};
 use rdmx_core::{Error, Result};
 use rdmx_verbs::{
-    AccessFlags, AhAttr, Device, DeviceOptions, Gid, Mtu, ProtectionDomain, QpAttr,
-    QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair, XrcDomain,
+    Device, DeviceOptions, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+    QueuePair, XrcDomain,
 };
 
 use crate::endpoint::Endpoint;
@@ -137,14 +137,6 @@ pub(crate) fn create_initiator(sh: &Shared, sq_depth: u32) -> Result<QueuePair> 
     Ok(qp)
 }
 
-fn path_mtu(sh: &Shared, peer_mtu: u32) -> Mtu {
-    Mtu::from_bytes_floor(peer_mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024)
-}
-
-fn av(path: &PathInfo) -> AhAttr {
-    AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port)
-}
-
 /// Moves an initiator to RTR and RTS towards the remote target queue pair `target`.
 pub(crate) fn connect_initiator(
     sh: &Shared,
@@ -153,31 +145,9 @@ pub(crate) fn connect_initiator(
     path: &PathInfo,
     peer_mtu: u32,
 ) -> Result<()> {
-    ini.qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: av(path),
-            path_mtu: path_mtu(sh, peer_mtu),
-            dest_qp_num: target,
-            // The target's responses carry our own PSNs; rq_psn is unused on an initiator.
-            rq_psn: 0,
-            ..QpAttr::default()
-        },
-        M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-    )?;
-    ini.qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            timeout: crate::conn::timeout_exponent(sh.cfg.peer_timeout),
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: ini.psn,
-            max_rd_atomic: 16,
-            ..QpAttr::default()
-        },
-        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-    )?;
-    Ok(())
+    // The target's responses carry our own PSNs; rq_psn is unused on an initiator.
+    crate::conn::to_rtr(sh, &ini.qp, path, peer_mtu, target, 0, false)?;
+    crate::conn::to_rts(sh, &ini.qp, ini.psn, true)
 }
 
 /// The target queue pair this node has for the remote initiator `peer` describes (its node,
@@ -191,46 +161,9 @@ pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> 
         return Ok(t.qp_num().0);
     }
     let tgt = node.pd.create_xrc_target_qp(&node.xrcd)?;
-    tgt.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-            ..QpAttr::default()
-        },
-        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-    )?;
-    tgt.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: av(path),
-            path_mtu: path_mtu(sh, peer_mtu),
-            dest_qp_num: ini_qpn,
-            rq_psn: ini_psn,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
-        },
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )?;
-    tgt.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            timeout: crate::conn::timeout_exponent(sh.cfg.peer_timeout),
-            sq_psn: 0,
-            ..QpAttr::default()
-        },
-        M::STATE | M::TIMEOUT | M::SQ_PSN,
-    )?;
+    crate::conn::to_init(&tgt)?;
+    crate::conn::to_rtr(sh, &tgt, path, peer_mtu, ini_qpn, ini_psn, true)?;
+    crate::conn::to_rts(sh, &tgt, 0, false)?;
     if sh.ports >= 2
         && let Some(alt) = alt_path
     {
@@ -295,6 +228,22 @@ fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInf
     Ok(())
 }
 
+/// The last step of both sides: connect the shared initiator (if new) to the peer's
+/// target, point the endpoint at it and at our target, and complete it.
+fn finish(
+    sh: &Shared,
+    key: usize,
+    ini: Arc<QueuePair>,
+    my_target: u32,
+    their_target: u32,
+    peer: &EndpointInfo,
+) -> Result<()> {
+    ensure_connected(sh, peer.node_id, their_target, peer)?;
+    attach(sh, key, ini, my_target);
+    crate::conn::complete(sh, key, peer);
+    Ok(())
+}
+
 /// Points the endpoint at the shared initiator and this node's target for the peer.
 fn attach(sh: &Shared, key: usize, qp: Arc<QueuePair>, recv_qpn: u32) {
     let mut st = sh.state.lock();
@@ -339,17 +288,9 @@ pub(crate) fn connect(
         };
         bootstrap::send_frame(&mut stream, &Frame::Hello(second), deadline)?;
         let their_target = bootstrap::expect_xrc_target(&mut stream, deadline)?;
-        ensure_connected(sh, peer.node_id, their_target, &peer)?;
-        attach(sh, key, ini, my_target);
-        crate::conn::complete(sh, key, &peer);
-        Ok(())
+        finish(sh, key, ini, my_target, their_target, &peer)
     })();
-    if let Err(e) = result {
-        crate::conn::unregister(sh, key);
-        return Err(e);
-    }
-    tracing::debug!(endpoint = id, %addr, "connected (xrc)");
-    Ok(Endpoint::new(Arc::clone(sh), key, id))
+    crate::conn::settle(sh, key, id, result, "connected (xrc)", addr)
 }
 
 /// The listening side of an XRC endpoint, after the first `Hello`.
@@ -386,15 +327,7 @@ pub(crate) fn accept(
             .ok_or_else(|| Error::Protocol("the second XRC hello has no target".into()))?;
         let my_target = target_for(sh, &node, &peer)?;
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
-        ensure_connected(sh, peer.node_id, their_target, &peer)?;
-        attach(sh, key, ini, my_target);
-        crate::conn::complete(sh, key, &peer);
-        Ok(())
+        finish(sh, key, ini, my_target, their_target, &peer)
     })();
-    if let Err(e) = result {
-        crate::conn::unregister(sh, key);
-        return Err(e);
-    }
-    tracing::debug!(endpoint = id, %from, "accepted (xrc)");
-    Ok(Endpoint::new(Arc::clone(sh), key, id))
+    crate::conn::settle(sh, key, id, result, "accepted (xrc)", from)
 }
