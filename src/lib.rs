@@ -4,7 +4,7 @@
 //! workspace crates:
 //!
 //! * the message layer at the top level: [`Context`] (device, shared receive queue, buffer
-//!   pool, progress), [`Endpoint`] (ordered, exactly-once, flow-controlled messages and
+//!   pool, progress, and [`Context::recv`] from any of its endpoints), [`Endpoint`] (ordered, exactly-once, flow-controlled messages and
 //!   one-sided operations), [`Message`], [`Buf`], [`SharedBytes`] (application memory sent
 //!   zero-copy through the registration cache), [`Node`] (XRC), [`Event`], [`Error`];
 //! * [`core`]: configuration, buffer pool, wire header, credits, bootstrap;

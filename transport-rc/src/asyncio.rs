@@ -119,3 +119,16 @@ impl Endpoint {
         .await
     }
 }
+
+impl crate::Context {
+    /// Waits for the next message from any endpoint without blocking the thread (see
+    /// [`Context::recv`](crate::Context::recv)). A cancelled future leaves the message
+    /// queued for the next receive.
+    ///
+    /// # Errors
+    /// As [`Context::recv`](crate::Context::recv).
+    pub async fn recv_async(&self) -> Result<Message> {
+        let sh = self.shared().clone();
+        wait_async(&sh, |_, st| sh.take_any(st).map(Ok)).await
+    }
+}

@@ -280,6 +280,7 @@ pub(crate) fn register(
         send: SendWindow::new(0),
         recv,
         in_needy: false,
+        in_ready: false,
         peer_mailbox: (0, 0),
         mailbox_off,
         mailbox_seen: Mailbox::default(),

@@ -62,6 +62,16 @@ impl Deref for Message {
 }
 
 impl Message {
+    pub(crate) fn new(buf: Buf, off: usize, eager: bool, endpoint: u64, sh: Arc<Shared>) -> Self {
+        Self {
+            buf: Some(buf),
+            off,
+            eager,
+            endpoint,
+            sh,
+        }
+    }
+
     /// The endpoint it came from (its [`Endpoint::id`]).
     pub fn endpoint(&self) -> u64 {
         self.endpoint
@@ -278,37 +288,16 @@ impl Endpoint {
     // ------------------------------------------------------------------ receiving
 
     pub(crate) fn take_message(&self, st: &mut State) -> Option<Result<Message>> {
-        let Some(ep) = st.eps.get_mut(self.key) else {
+        if let Some(m) = self.sh.pop_message(st, self.key) {
+            return Some(Ok(m));
+        }
+        let Some(ep) = st.eps.get(self.key) else {
             return Some(Err(Error::Disconnected(DisconnectCause::LocalClose)));
         };
-        if ep.has_ready() {
-            let (buf, off, eager, rndv) = match ep.inbox.pop_front() {
-                Some(Inbound::Msg { buf, off, eager }) => (buf, off, eager, false),
-                Some(Inbound::Rndv {
-                    dest: Some(buf), ..
-                }) => (buf, 0, false, true),
-                Some(Inbound::Closed) => {
-                    ep.inbox.push_front(Inbound::Closed);
-                    return Some(Err(Error::Disconnected(
-                        ep.down_cause().unwrap_or(DisconnectCause::PeerClosed),
-                    )));
-                }
-                _ => return None,
-            };
-            ep.delivered += 1;
-            st.stats.delivered += 1;
-            if rndv {
-                // A rendezvous message: its slot in the credit window opens again.
-                ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
-                self.sh.mark_needy(st, self.key);
-            }
-            return Some(Ok(Message {
-                buf: Some(buf),
-                off,
-                eager,
-                endpoint: self.id,
-                sh: self.sh.clone(),
-            }));
+        if matches!(ep.inbox.front(), Some(Inbound::Closed)) {
+            return Some(Err(Error::Disconnected(
+                ep.down_cause().unwrap_or(DisconnectCause::PeerClosed),
+            )));
         }
         if let Some(c) = ep.down_cause() {
             return Some(Err(Error::Disconnected(c)));

@@ -121,6 +121,8 @@ pub(crate) struct Ep {
     pub(crate) send: SendWindow,
     pub(crate) recv: RecvWindow,
     pub(crate) in_needy: bool,
+    /// Queued in the context's ready queue (see `inbox.rs`).
+    pub(crate) in_ready: bool,
     /// Where our grants go in the peer's memory.
     pub(crate) peer_mailbox: (u64, u32),
     /// Our slot (offset into the context's mailbox region) that the peer writes.
@@ -196,13 +198,12 @@ impl Ep {
         self.rndv_out.is_empty()
     }
 
-    /// The front message is deliverable.
-    pub(crate) fn has_ready(&self) -> bool {
+    /// The front of the inbox is a message that can be delivered now (not the
+    /// end-of-stream marker).
+    pub(crate) fn has_message(&self) -> bool {
         matches!(
             self.inbox.front(),
-            Some(Inbound::Msg { .. })
-                | Some(Inbound::Closed)
-                | Some(Inbound::Rndv { done: true, .. })
+            Some(Inbound::Msg { .. }) | Some(Inbound::Rndv { done: true, .. })
         )
     }
 

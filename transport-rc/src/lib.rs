@@ -36,6 +36,7 @@ mod conn;
 mod context;
 mod endpoint;
 mod ep;
+mod inbox;
 mod recall;
 mod shared;
 mod xrc;

@@ -72,6 +72,8 @@ pub(crate) struct State {
     /// Eager receive buffers held by the application or queued in inboxes.
     pub(crate) held: u64,
     pub(crate) needy: VecDeque<usize>,
+    /// Endpoints with a deliverable message, for `Context::recv` (see `inbox.rs`).
+    pub(crate) ready: VecDeque<usize>,
     /// Endpoints with a mailbox update to write.
     pub(crate) dirty: Vec<usize>,
     /// Endpoints with rendezvous buffers out (their mailbox is watched).
@@ -97,6 +99,7 @@ impl State {
             budget: Budget::new(cfg.srq_depth, cfg.credits),
             held: 0,
             needy: VecDeque::new(),
+            ready: VecDeque::new(),
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
             rndv_wait: Vec::new(),
@@ -316,6 +319,7 @@ impl Shared {
                     off: HEADER_LEN,
                     eager: true,
                 });
+                st.mark_ready(k);
             }
             Kind::Rts => {
                 let rts = RtsInfo::parse(&buf);
@@ -465,6 +469,9 @@ impl Shared {
             ep.rndv_in_done = ep.rndv_in_done.wrapping_add(1);
             if !st.dirty.contains(&k) {
                 st.dirty.push(k);
+            }
+            if at.is_some() {
+                st.mark_ready(k);
             }
         } else if c.status != WcStatus::WrFlushErr {
             self.fail_qp(
@@ -849,6 +856,7 @@ impl Shared {
         }
         st.budget.remove_endpoint(&ep.recv);
         st.needy.retain(|&x| x != k);
+        st.ready.retain(|&x| x != k);
         st.dirty.retain(|&x| x != k);
         st.rndv_watch.retain(|&x| x != k);
         st.rndv_wait.retain(|&x| x != k);

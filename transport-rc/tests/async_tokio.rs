@@ -172,3 +172,56 @@ async fn cancelled_shared_sends_release_their_bytes() {
     }
     assert_eq!(c.stats().sent_zero_copy, u64::from(sent));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_recv_async_serves_several_endpoints() {
+    let server = Arc::new(Context::builder().build().unwrap());
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let client = Context::builder().build().unwrap();
+    let mut ceps = Vec::new();
+    let mut seps = Vec::new();
+    for _ in 0..4 {
+        let accepted = std::thread::scope(|s| {
+            let h = s.spawn(|| listener.accept().unwrap());
+            ceps.push(client.connect(addr).unwrap());
+            h.join().unwrap()
+        });
+        seps.push(accepted);
+    }
+    // A context-wide receive cancelled while pending loses nothing.
+    let r = tokio::time::timeout(Duration::from_millis(20), server.recv_async()).await;
+    assert!(r.is_err(), "nothing was sent, the receive must pend");
+
+    // One task answers whichever endpoint spoke, found by the message's endpoint id.
+    let by_id: std::collections::HashMap<u64, Endpoint> =
+        seps.into_iter().map(|e| (e.id(), e)).collect();
+    let echo = tokio::spawn({
+        let server = Arc::clone(&server);
+        async move {
+            for _ in 0..400 {
+                let m = server.recv_async().await.unwrap();
+                by_id[&m.endpoint()].send_async(&m).await.unwrap();
+            }
+            by_id
+        }
+    });
+    for round in 0..100usize {
+        for (i, ep) in ceps.iter().enumerate() {
+            let data = vec![(round * 4 + i) as u8; [3, 500, 40_000, 9][i]];
+            ep.send_async(&data).await.unwrap();
+        }
+        for (i, ep) in ceps.iter().enumerate() {
+            let back = tokio::time::timeout(Duration::from_secs(10), ep.recv_async())
+                .await
+                .expect("echo timed out")
+                .unwrap();
+            assert!(
+                back.iter().all(|&b| b == (round * 4 + i) as u8),
+                "round {round}"
+            );
+            assert_eq!(back.len(), [3, 500, 40_000, 9][i]);
+        }
+    }
+    let _by_id = echo.await.unwrap();
+}

@@ -1,0 +1,141 @@
+//! Handing received messages to the application: from one endpoint
+//! ([`Endpoint::recv`](crate::Endpoint::recv)) or
+//! from whichever endpoint of a context has one ([`Context::recv`]).
+//!
+//! A server with many endpoints should not need a thread, or a polling loop, per endpoint.
+//! So the context keeps a ready queue: the endpoints whose inbox starts with a deliverable
+//! message (an eager message, or a rendezvous message whose read has finished), each at
+//! most once. `Context::recv` takes one message from the endpoint at the front and, when
+//! that endpoint has another one ready, puts it back at the end: busy endpoints take turns,
+//! and the messages of one endpoint still come out in the order they were sent.
+//!
+//! Both ways of receiving can be mixed: a message goes to whichever call takes it first.
+//! The queue is not cleaned when `Endpoint::recv` empties an inbox; a key is checked when it
+//! is taken from the queue, and dropped there if its endpoint has nothing ready (or is
+//! gone, or its handle was dropped). Every key was pushed for a message, so the queue never
+//! holds more entries than messages arrived.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmx_core::{Error, Result};
+
+use crate::context::{Context, wait_until};
+use crate::endpoint::Message;
+use crate::ep::Inbound;
+use crate::shared::{Shared, State};
+
+impl State {
+    /// Queues endpoint `k` for [`Context::recv`] (unless it is queued already).
+    pub(crate) fn mark_ready(&mut self, k: usize) {
+        if let Some(ep) = self.eps.get_mut(k)
+            && !ep.in_ready
+        {
+            ep.in_ready = true;
+            self.ready.push_back(k);
+        }
+    }
+}
+
+impl Shared {
+    /// Takes the message at the front of endpoint `k`'s inbox if it is deliverable (not a
+    /// rendezvous message still being read, not the end-of-stream marker).
+    pub(crate) fn pop_message(self: &Arc<Self>, st: &mut State, k: usize) -> Option<Message> {
+        let ep = st.eps.get_mut(k)?;
+        let (buf, off, eager, rndv) = match ep.inbox.pop_front()? {
+            Inbound::Msg { buf, off, eager } => (buf, off, eager, false),
+            Inbound::Rndv {
+                dest: Some(buf),
+                done: true,
+                ..
+            } => (buf, 0, false, true),
+            other => {
+                ep.inbox.push_front(other);
+                return None;
+            }
+        };
+        ep.delivered += 1;
+        let id = ep.id;
+        st.stats.delivered += 1;
+        if rndv {
+            // A rendezvous message: its slot in the credit window opens again.
+            ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+            self.mark_needy(st, k);
+        }
+        Some(Message::new(buf, off, eager, id, self.clone()))
+    }
+
+    /// The next message of any endpoint whose handle is alive, taking endpoints in turn.
+    pub(crate) fn take_any(self: &Arc<Self>, st: &mut State) -> Option<Message> {
+        // Every key is looked at once at most: those with nothing ready leave the queue.
+        for _ in 0..st.ready.len() {
+            let k = st.ready.pop_front()?;
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            ep.in_ready = false;
+            if ep.detached {
+                continue;
+            }
+            let Some(msg) = self.pop_message(st, k) else {
+                continue;
+            };
+            if st.eps.get(k).is_some_and(|e| e.has_message()) {
+                st.mark_ready(k);
+            }
+            return Some(msg);
+        }
+        None
+    }
+}
+
+impl Context {
+    /// Waits for the next message from any endpoint of this context. Endpoints with
+    /// messages waiting take turns (one message each, round robin); the messages of one
+    /// endpoint arrive in order. [`Message::endpoint`] says which endpoint sent it (the
+    /// [`Endpoint::id`](crate::Endpoint::id) the application got from `connect` or
+    /// `accept`).
+    ///
+    /// This never reports a disconnect: endpoints that go down show up as
+    /// [`Event::Disconnected`](rdmx_core::Event::Disconnected) in
+    /// [`poll_event`](Self::poll_event). Messages of an endpoint whose handle was dropped
+    /// are not delivered. It can be mixed with [`Endpoint::recv`](crate::Endpoint::recv) on
+    /// the same endpoints: a
+    /// message goes to whichever call takes it first.
+    ///
+    /// # Errors
+    /// None today other than those of [`recv_timeout`](Self::recv_timeout); the `Result`
+    /// keeps the signature of the other receive calls.
+    pub fn recv(&self) -> Result<Message> {
+        let sh = self.shared();
+        wait_until(sh, None, |st| sh.take_any(st).map(Ok))
+    }
+
+    /// [`recv`](Self::recv) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout` when no endpoint had a message in time.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        let sh = self.shared();
+        wait_until(sh, Some(Instant::now() + timeout), |st| {
+            sh.take_any(st).map(Ok)
+        })
+    }
+
+    /// The next message of any endpoint if one is there now (after one round of
+    /// progress).
+    ///
+    /// # Errors
+    /// `WouldBlock` when no endpoint has a message.
+    pub fn try_recv(&self) -> Result<Message> {
+        let sh = self.shared();
+        let mut st = sh.state.lock();
+        if let Some(m) = sh.take_any(&mut st) {
+            return Ok(m);
+        }
+        if sh.progress(&mut st) > 0 {
+            sh.wake_all();
+        }
+        sh.take_any(&mut st).ok_or(Error::WouldBlock)
+    }
+}
