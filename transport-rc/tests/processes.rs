@@ -197,3 +197,88 @@ fn peer_killed_mid_stream() {
     drop(healthy);
     echo.join().unwrap();
 }
+
+/// The same death seen by a server that receives only through `Context::recv`: the dead
+/// endpoint is reported as an event within the timeout, and messages of a healthy endpoint
+/// keep coming, in order, before and after.
+#[test]
+fn peer_killed_while_receiving_through_the_context() {
+    let timeout = Duration::from_millis(600);
+    let ctx = Context::builder().peer_timeout(timeout).build().unwrap();
+    let other = Context::builder().build().unwrap();
+    let ol = other.listen("127.0.0.1:0").unwrap();
+    let oaddr = ol.local_addr();
+    let streamer = std::thread::spawn(move || {
+        let ep = ol.accept().unwrap();
+        let mut i = 0u32;
+        while ep.send(&i.to_le_bytes()).is_ok() {
+            i = i.wrapping_add(1);
+        }
+    });
+    let healthy = ctx.connect(oaddr).unwrap();
+    let mut child = ChildProc::spawn("child_streamer", &[("RDMX_TEST_STREAM", "1".into())]);
+    let addr = child.expect_line("ADDR", Duration::from_secs(10));
+    let victim = ctx.connect(addr.as_str()).unwrap();
+
+    let mut next_healthy = 0u32;
+    let mut next_victim = 0u32;
+    let mut killed: Option<Instant> = None;
+    let mut reported: Option<Duration> = None;
+    let mut healthy_after = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reported.is_none() || healthy_after < 500 {
+        assert!(
+            Instant::now() < deadline,
+            "stuck: victim reported {reported:?}"
+        );
+        let m = ctx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("context recv");
+        let v = u32::from_le_bytes(m[..4].try_into().unwrap());
+        if m.endpoint() == healthy.id() {
+            assert_eq!(v, next_healthy, "healthy endpoint out of order");
+            next_healthy += 1;
+            if reported.is_some() {
+                healthy_after += 1;
+            }
+        } else {
+            assert_eq!(m.endpoint(), victim.id());
+            assert!(
+                reported.is_none(),
+                "a message from the dead peer after its report"
+            );
+            assert_eq!(v, next_victim, "victim's stream out of order");
+            next_victim += 1;
+        }
+        if killed.is_none() && next_victim >= 2000 {
+            child.child.kill().unwrap();
+            let _ = child.child.wait();
+            killed = Some(Instant::now());
+        }
+        while let Some(ev) = ctx.poll_event() {
+            if let Event::Disconnected { endpoint, cause } = ev {
+                assert_eq!(
+                    endpoint,
+                    victim.id(),
+                    "the healthy endpoint went down: {cause}"
+                );
+                assert!(
+                    matches!(cause, DisconnectCause::PeerUnreachable(_)),
+                    "{cause}"
+                );
+                let k = killed.expect("disconnected before the kill");
+                reported = Some(k.elapsed());
+            }
+        }
+    }
+    let took = reported.unwrap();
+    eprintln!("peer death surfaced after {took:?} while receiving through the context");
+    assert!(
+        took < timeout * 2 + Duration::from_millis(500),
+        "peer death took {took:?} to surface (timeout {timeout:?})"
+    );
+    drop(victim);
+    drop(healthy);
+    drop(ctx);
+    streamer.join().unwrap();
+}
