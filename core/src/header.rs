@@ -196,26 +196,47 @@ impl Mailbox {
 /// sender to give back credits it is not using (`recall`, a request counter); the sender
 /// answers by counting them as used (`returned`, cumulative). Both are written by the slot's
 /// peer into the slot of the other side.
+///
+/// Layout: `returned` in bits 0..32, the request counter in bits 32..63 (31 bits, compared
+/// only for a change), and `all` in bit 63. A request normally leaves the sender one credit,
+/// so that its next message goes out at once; with `all`, it gives back every credit. That
+/// is needed when endpoints outnumber the receive buffers: each idle endpoint then holds a
+/// single credit, and keeping one would free nothing. (A peer that predates the flag reads
+/// it as part of the counter and keeps one credit; nothing else changes.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Recall {
     /// Cumulative credits the writer gave back to the reader.
     pub returned: u32,
-    /// Cumulative recall requests the writer made to the reader.
+    /// Cumulative recall requests the writer made to the reader (31 bits: see
+    /// [`Recall::COUNTER_MASK`]).
     pub recall: u32,
+    /// The latest request asks for every credit, not all but one.
+    pub all: bool,
 }
 
 impl Recall {
+    /// The request counter's bits.
+    pub const COUNTER_MASK: u32 = 0x7FFF_FFFF;
+
     /// The word.
     pub fn to_word(self) -> u64 {
-        u64::from(self.returned) | (u64::from(self.recall) << 32)
+        u64::from(self.returned)
+            | (u64::from(self.recall & Self::COUNTER_MASK) << 32)
+            | (u64::from(self.all) << 63)
     }
 
     /// From the word.
     pub fn from_word(w: u64) -> Self {
         Self {
             returned: w as u32,
-            recall: (w >> 32) as u32,
+            recall: (w >> 32) as u32 & Self::COUNTER_MASK,
+            all: w >> 63 == 1,
         }
+    }
+
+    /// The request counter after `n`, wrapping within its 31 bits.
+    pub fn next_request(n: u32) -> u32 {
+        n.wrapping_add(1) & Self::COUNTER_MASK
     }
 }
 
@@ -281,7 +302,29 @@ mod tests {
         assert!(!seq_after(0, 1));
     }
 
+    #[test]
+    fn recall_counter_wraps_within_its_bits() {
+        let top = Recall::COUNTER_MASK;
+        assert_eq!(Recall::next_request(top), 0);
+        let w = Recall {
+            returned: u32::MAX,
+            recall: top,
+            all: false,
+        };
+        assert_eq!(Recall::from_word(w.to_word()), w);
+        assert!(
+            !Recall::from_word(w.to_word()).all,
+            "the counter must not spill into the flag"
+        );
+    }
+
     proptest! {
+        #[test]
+        fn recall_word_round_trips(returned in any::<u32>(), recall in 0..=Recall::COUNTER_MASK, all in any::<bool>()) {
+            let r = Recall { returned, recall, all };
+            prop_assert_eq!(Recall::from_word(r.to_word()), r);
+        }
+
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(h) = Header::parse(&bytes) {

@@ -1,4 +1,4 @@
-//! Async forms of the endpoint calls (feature `tokio`).
+//! Async forms of the endpoint, context and listener calls (feature `tokio`).
 //!
 //! A pending future registers as a sleeper: the context's background thread then sleeps
 //! armed on the completion channel and, when completions arrive, runs progress and wakes
@@ -10,10 +10,12 @@
 //! tables and is released when the work completes, whatever happened to the future. A
 //! cancelled `recv_async` leaves the message queued for the next receive.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use rdmx_core::{Buf, Result};
+use rdmx_core::{Buf, Error, Result, bootstrap};
 
 use crate::endpoint::{Endpoint, Message};
 use crate::shared::{Payload, Shared, State};
@@ -130,5 +132,76 @@ impl crate::Context {
     pub async fn recv_async(&self) -> Result<Message> {
         let sh = self.shared().clone();
         wait_async(&sh, |_, st| sh.take_any(st).map(Ok)).await
+    }
+}
+
+/// How long one accept attempt of [`Listener::accept_async`](crate::Listener::accept_async)
+/// waits before looking whether its future is still wanted.
+const ACCEPT_SLICE: Duration = Duration::from_millis(50);
+
+/// Sets the flag when dropped: the blocking half of a cancelled call stops.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+fn joined<T>(r: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    r.unwrap_or_else(|e| {
+        Err(Error::Protocol(format!(
+            "connection set-up task failed: {e}"
+        )))
+    })
+}
+
+impl crate::Context {
+    /// [`connect`](crate::Context::connect) without blocking the runtime: the exchange runs
+    /// on tokio's blocking pool (it needs a multi-threaded runtime or one with blocking
+    /// threads). Dropping the future does not stop an exchange already under way; the
+    /// endpoint it makes is then closed at once.
+    ///
+    /// # Errors
+    /// As `connect`.
+    pub async fn connect_async(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        let addr = crate::context::resolve(addr)?;
+        let ctx = self.clone();
+        joined(tokio::task::spawn_blocking(move || ctx.connect(addr)).await)
+    }
+}
+
+impl crate::Listener {
+    /// [`accept`](crate::Listener::accept) without blocking the runtime. Until a peer
+    /// connects, dropping the future stops the wait within 50 ms and accepts nothing; once
+    /// a peer's connection was taken, the exchange finishes and the endpoint is closed at
+    /// once. As with `accept_timeout`, do not accept on the same listener from another
+    /// thread meanwhile.
+    ///
+    /// # Errors
+    /// As `accept`.
+    pub async fn accept_async(&self) -> Result<Endpoint> {
+        let tcp = self.tcp.try_clone().map_err(|source| {
+            Error::Bootstrap(bootstrap::BootstrapError::Io {
+                op: "dup the listening socket",
+                source,
+            })
+        })?;
+        let ctx = self.ctx.clone();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel = CancelOnDrop(Arc::clone(&cancelled));
+        let task = tokio::task::spawn_blocking(move || {
+            loop {
+                if cancelled.load(Ordering::Acquire) {
+                    return Err(Error::Timeout(Duration::ZERO));
+                }
+                if let Some((stream, peer)) =
+                    bootstrap::accept_until(&tcp, Instant::now() + ACCEPT_SLICE)?
+                {
+                    return crate::conn::accept(&ctx, stream, peer);
+                }
+            }
+        });
+        joined(task.await)
     }
 }

@@ -182,7 +182,7 @@ pub(crate) fn settle(
         return Err(e);
     }
     tracing::debug!(endpoint = id, %peer, "{what}");
-    Ok(Endpoint::new(Arc::clone(sh), key, id))
+    Ok(Endpoint::new(Arc::clone(sh), key, id, peer))
 }
 
 /// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's

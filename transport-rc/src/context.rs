@@ -416,8 +416,8 @@ impl Context {
 /// Accepts endpoints on a TCP address.
 #[derive(Debug)]
 pub struct Listener {
-    ctx: Context,
-    tcp: TcpListener,
+    pub(crate) ctx: Context,
+    pub(crate) tcp: TcpListener,
     local: SocketAddr,
 }
 
@@ -459,7 +459,7 @@ impl Listener {
     }
 }
 
-fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
+pub(crate) fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
     addr.to_socket_addrs()
         .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
         .next()

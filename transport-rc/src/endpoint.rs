@@ -2,6 +2,7 @@
 //! [`LocalRegion`] / [`RemoteRegion`].
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,11 +23,15 @@ pub struct Endpoint {
     pub(crate) sh: Arc<Shared>,
     pub(crate) key: usize,
     id: u64,
+    peer: SocketAddr,
 }
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Endpoint").field("id", &self.id).finish()
+        f.debug_struct("Endpoint")
+            .field("id", &self.id)
+            .field("peer", &self.peer)
+            .finish()
     }
 }
 
@@ -111,8 +116,14 @@ impl Drop for Message {
 }
 
 impl Endpoint {
-    pub(crate) fn new(sh: Arc<Shared>, key: usize, id: u64) -> Self {
-        Self { sh, key, id }
+    pub(crate) fn new(sh: Arc<Shared>, key: usize, id: u64, peer: SocketAddr) -> Self {
+        Self { sh, key, id, peer }
+    }
+
+    /// The peer's address on the bootstrap side channel: the address we connected to, or,
+    /// for an accepted endpoint, where the peer's connection came from.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
     }
 
     /// The endpoint's identifier (unique within its context; also in [`Message::endpoint`]

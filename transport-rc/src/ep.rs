@@ -13,8 +13,11 @@ use rdmx_verbs::{QueuePair, WcStatus};
 pub(crate) struct RecallState {
     /// Credits we gave back to the peer (cumulative; written into the peer's slot).
     pub(crate) returned_out: u32,
-    /// Recall requests we made to the peer (cumulative; written into the peer's slot).
+    /// Recall requests we made to the peer (cumulative, 31 bits; written into the peer's
+    /// slot).
     pub(crate) requested_out: u32,
+    /// Our latest request asks for every credit (see `recall.rs`).
+    pub(crate) ask_all: bool,
     /// The peer's `returned` counter already applied to our receive window.
     pub(crate) returned_seen: u32,
     /// The peer's `recall` counter already answered.

@@ -9,6 +9,13 @@
 //! tick answers by treating all its credits but one as used and telling us so; we count them
 //! as received without a buffer, which frees them for the endpoints that wait.
 //!
+//! Keeping one credit per idle peer is not always possible: with more endpoints than posted
+//! buffers, every buffer can end up backing the single credit of some idle endpoint while
+//! another waits with none (1,000 endpoints over 512 buffers did hang so). When no idle
+//! holder has more than one credit, the request says `all`, and idle peers give back their
+//! last credit too. Such an endpoint goes back in the queue of endpoints waiting for credits,
+//! behind those already waiting, and gets one again as buffers free up.
+//!
 //! Both the request and the answer are cumulative counters in the second word of the mailbox
 //! slots (an 8-byte RDMA WRITE; no receive buffer involved).
 
@@ -28,6 +35,7 @@ fn write_recall(st: &mut State, k: usize) -> bool {
     let w = Recall {
         returned: ep.recall.returned_out,
         recall: ep.recall.requested_out,
+        all: ep.recall.ask_all,
     };
     let bytes = w.to_word().to_be_bytes();
     let op = WrOpcode::RdmaWrite {
@@ -69,7 +77,12 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
             ep.recall.returned_seen = ep.recall.returned_seen.wrapping_add(back);
             ep.recv.received = ep.recv.received.wrapping_add(back);
             freed += u64::from(back);
+            // Below its window now (perhaps at zero): it waits for grants like the others.
+            sh.mark_needy(st, k);
         }
+        let Some(ep) = st.eps.get_mut(k) else {
+            continue;
+        };
         // A request from the peer: if we sent nothing since the previous tick, keep one
         // credit and give back the rest.
         let idle_sender = ep.send.sent == ep.recall.sent_at_tick;
@@ -77,9 +90,16 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
         let mut answer = false;
         if theirs.recall != ep.recall.requested_seen {
             ep.recall.requested_seen = theirs.recall;
+            // The credits we hold include grants written into our mailbox and not read yet
+            // (it is read when we run out): read it, or those could never be given back.
+            sh.read_mailbox(st, k);
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
             let avail = ep.send.available();
-            if avail > 1 && idle_sender {
-                let give = avail - 1;
+            let keep = u32::from(!theirs.all);
+            if avail > keep && idle_sender {
+                let give = avail - keep;
                 ep.send.sent = ep.send.sent.wrapping_add(give);
                 ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
                 answer = true;
@@ -93,19 +113,50 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
     if freed > 0 {
         st.stats.credits_recalled += freed;
     }
-    // Short of buffers while endpoints wait for credits: ask the idle holders.
+    // Short of buffers while endpoints wait for credits: ask the idle holders, for all their
+    // credits but one; when none holds more than one, for all of them.
     if st.budget.spare() == 0 && !st.needy.is_empty() {
+        // Grants not told to the peer yet are ours to take back without asking.
+        let mut untold = 0u64;
         for &k in &keys {
             let Some(ep) = st.eps.get_mut(k) else {
                 continue;
             };
-            let idle = now.duration_since(ep.last_rx) >= idle_for;
-            let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < idle_for);
-            if ep.is_open() && idle && !asked_recently && ep.recv.outstanding() > 1 {
-                ep.recall.requested_out = ep.recall.requested_out.wrapping_add(1);
-                ep.recall.asked_at = Some(now);
-                write_recall(st, k);
+            let n = ep.recv.unadvertised();
+            if n > 0 && now.duration_since(ep.last_rx) >= idle_for {
+                ep.recv.granted = ep.recv.granted.wrapping_sub(n);
+                untold += u64::from(n);
+                sh.mark_needy(st, k);
             }
+        }
+        if untold > 0 {
+            st.budget.outstanding = st.budget.outstanding.saturating_sub(untold);
+            freed += untold;
+        }
+    }
+    if st.budget.spare() == 0 && !st.needy.is_empty() {
+        let idle_holders: Vec<(usize, u32)> = keys
+            .iter()
+            .filter_map(|&k| {
+                let ep = st.eps.get(k)?;
+                let idle = now.duration_since(ep.last_rx) >= idle_for;
+                let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < idle_for);
+                (ep.is_open() && idle && !asked_recently && ep.recv.outstanding() > 0)
+                    .then(|| (k, ep.recv.outstanding()))
+            })
+            .collect();
+        let all = idle_holders.iter().all(|&(_, n)| n <= 1);
+        for (k, n) in idle_holders {
+            if !all && n <= 1 {
+                continue;
+            }
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
+            ep.recall.ask_all = all;
+            ep.recall.asked_at = Some(now);
+            write_recall(st, k);
         }
     }
     if freed > 0 {

@@ -225,3 +225,32 @@ async fn context_recv_async_serves_several_endpoints() {
     }
     let _by_id = echo.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_and_accept_without_blocking_the_runtime() {
+    let server = Context::builder().build().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let client = Context::builder().build().unwrap();
+
+    // An accept cancelled while nobody connects takes nothing with it.
+    let r = tokio::time::timeout(Duration::from_millis(30), listener.accept_async()).await;
+    assert!(r.is_err(), "nobody connected, the accept must pend");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+
+    for round in 0..3u8 {
+        let (sep, cep) = tokio::join!(listener.accept_async(), client.connect_async(addr));
+        let (sep, cep) = (sep.unwrap(), cep.unwrap());
+        assert_eq!(cep.peer_addr(), addr);
+        cep.send_async(&[round; 100]).await.unwrap();
+        let m = sep.recv_async().await.unwrap();
+        assert_eq!(&m[..], &[round; 100]);
+        sep.send_async(&m).await.unwrap();
+        assert_eq!(&cep.recv_async().await.unwrap()[..], &[round; 100]);
+    }
+    // Errors come back as errors: nobody listens here.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    assert!(client.connect_async(dead_addr).await.is_err());
+}

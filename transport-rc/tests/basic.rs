@@ -214,3 +214,23 @@ fn close_after_using_the_last_credit() {
         Err(Error::Disconnected(DisconnectCause::PeerClosed))
     ));
 }
+
+#[test]
+fn endpoints_know_their_peer_address() {
+    let server = Context::builder().build().expect("server");
+    let listener = server.listen("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || listener.accept().expect("accept"));
+    let client = Context::builder().build().expect("client");
+    let cep = client.connect(addr).expect("connect");
+    let sep = t.join().expect("accept thread");
+    assert_eq!(cep.peer_addr(), addr);
+    assert!(sep.peer_addr().ip().is_loopback());
+    assert_ne!(sep.peer_addr().port(), 0);
+    assert_ne!(
+        sep.peer_addr(),
+        addr,
+        "the accepted side sees the client's address"
+    );
+    assert!(format!("{cep:?}").contains(&addr.to_string()));
+}
