@@ -197,31 +197,37 @@ impl Mailbox {
 /// answers by counting them as used (`returned`, cumulative). Both are written by the slot's
 /// peer into the slot of the other side.
 ///
-/// Layout: `returned` in bits 0..32, the request counter in bits 32..63 (31 bits, compared
-/// only for a change), and `all` in bit 63. A request normally leaves the sender one credit,
-/// so that its next message goes out at once; with `all`, it gives back every credit. That
-/// is needed when endpoints outnumber the receive buffers: each idle endpoint then holds a
-/// single credit, and keeping one would free nothing. (A peer that predates the flag reads
-/// it as part of the counter and keeps one credit; nothing else changes.)
+/// Layout: `returned` in bits 0..32, the request counter in bits 32..62 (30 bits, compared
+/// only for a change), `starving` in bit 62 and `all` in bit 63. A request normally leaves
+/// the sender one credit, so that its next message goes out at once; with `all`, it gives
+/// back every credit. That is needed when endpoints outnumber the receive buffers: each idle
+/// endpoint then holds a single credit, and keeping one would free nothing. `starving` is
+/// the writer's own state: it has a message to send and no credit; the reader then takes
+/// credits from idle endpoints for it (and only then: with more endpoints than buffers, some
+/// always lack credits without wanting any). A peer that predates the flags reads them as
+/// part of the counter; nothing else changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Recall {
     /// Cumulative credits the writer gave back to the reader.
     pub returned: u32,
-    /// Cumulative recall requests the writer made to the reader (31 bits: see
+    /// Cumulative recall requests the writer made to the reader (30 bits: see
     /// [`Recall::COUNTER_MASK`]).
     pub recall: u32,
+    /// The writer waits to send and has no credit.
+    pub starving: bool,
     /// The latest request asks for every credit, not all but one.
     pub all: bool,
 }
 
 impl Recall {
     /// The request counter's bits.
-    pub const COUNTER_MASK: u32 = 0x7FFF_FFFF;
+    pub const COUNTER_MASK: u32 = 0x3FFF_FFFF;
 
     /// The word.
     pub fn to_word(self) -> u64 {
         u64::from(self.returned)
             | (u64::from(self.recall & Self::COUNTER_MASK) << 32)
+            | (u64::from(self.starving) << 62)
             | (u64::from(self.all) << 63)
     }
 
@@ -230,11 +236,12 @@ impl Recall {
         Self {
             returned: w as u32,
             recall: (w >> 32) as u32 & Self::COUNTER_MASK,
+            starving: (w >> 62) & 1 == 1,
             all: w >> 63 == 1,
         }
     }
 
-    /// The request counter after `n`, wrapping within its 31 bits.
+    /// The request counter after `n`, wrapping within its 30 bits.
     pub fn next_request(n: u32) -> u32 {
         n.wrapping_add(1) & Self::COUNTER_MASK
     }
@@ -309,19 +316,26 @@ mod tests {
         let w = Recall {
             returned: u32::MAX,
             recall: top,
+            starving: false,
             all: false,
         };
-        assert_eq!(Recall::from_word(w.to_word()), w);
+        let back = Recall::from_word(w.to_word());
+        assert_eq!(back, w);
         assert!(
-            !Recall::from_word(w.to_word()).all,
-            "the counter must not spill into the flag"
+            !back.all && !back.starving,
+            "the counter must not spill into the flags"
         );
     }
 
     proptest! {
         #[test]
-        fn recall_word_round_trips(returned in any::<u32>(), recall in 0..=Recall::COUNTER_MASK, all in any::<bool>()) {
-            let r = Recall { returned, recall, all };
+        fn recall_word_round_trips(
+            returned in any::<u32>(),
+            recall in 0..=Recall::COUNTER_MASK,
+            starving in any::<bool>(),
+            all in any::<bool>(),
+        ) {
+            let r = Recall { returned, recall, starving, all };
             prop_assert_eq!(Recall::from_word(r.to_word()), r);
         }
 

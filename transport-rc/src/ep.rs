@@ -18,6 +18,8 @@ pub(crate) struct RecallState {
     pub(crate) requested_out: u32,
     /// Our latest request asks for every credit (see `recall.rs`).
     pub(crate) ask_all: bool,
+    /// We told the peer we wait to send with no credit.
+    pub(crate) starving: bool,
     /// The peer's `returned` counter already applied to our receive window.
     pub(crate) returned_seen: u32,
     /// The peer's `recall` counter already answered.

@@ -3,21 +3,27 @@
 //! Every credit a context grants is backed by a posted receive buffer, and the buffers are
 //! shared by all endpoints. Credits held by an endpoint that sends nothing are buffers nobody
 //! else can use: with many endpoints, a newcomer (or a busy endpoint) could wait forever.
-//! So, on the background tick, a context that has endpoints waiting for credits and no spare
-//! buffer asks its idle peers (those that sent nothing during the last tick and hold more
-//! than one credit) to give credits back. A peer that has not sent anything during the last
-//! tick answers by treating all its credits but one as used and telling us so; we count them
-//! as received without a buffer, which frees them for the endpoints that wait.
 //!
-//! Keeping one credit per idle peer is not always possible: with more endpoints than posted
-//! buffers, every buffer can end up backing the single credit of some idle endpoint while
-//! another waits with none (1,000 endpoints over 512 buffers did hang so). When no idle
-//! holder has more than one credit, the request says `all`, and idle peers give back their
-//! last credit too. Such an endpoint goes back in the queue of endpoints waiting for credits,
-//! behind those already waiting, and gets one again as buffers free up.
+//! A sender that has a message and no credit says so: it sets `starving` in its recall word
+//! in our slot (and clears it once it has a credit again). On the background tick, a
+//! context that sees a starving peer puts that endpoint at the front of the queue for
+//! grants and, when no buffer is spare, asks idle peers (those that sent nothing during the
+//! last tick) to give credits back: all but one from peers holding more than one, so their
+//! next message still goes out at once. A peer that has not sent anything since its previous
+//! tick answers by treating those credits as used and telling us so; we count them as
+//! received without a buffer, which frees them for the endpoint that waits.
 //!
-//! Both the request and the answer are cumulative counters in the second word of the mailbox
-//! slots (an 8-byte RDMA WRITE; no receive buffer involved).
+//! With more endpoints than posted buffers, every buffer can back the single credit of some
+//! idle endpoint, and keeping one each frees nothing (1,000 endpoints over 512 buffers did
+//! hang so). Then the request says `all`, sent to as many idle peers as endpoints starve,
+//! the longest idle first; such a peer gives back its last credit too and waits for grants
+//! like the others. Grants not yet told to an idle peer are taken back without asking.
+//! Recall acts only for starving peers: with more endpoints than buffers, some endpoints
+//! always lack credits without wanting any, and taking credits for them would only move
+//! the shortage around.
+//!
+//! Requests, answers and the starving flag travel in the second word of the mailbox slots
+//! (an 8-byte RDMA WRITE; no receive buffer involved).
 
 use std::time::{Duration, Instant};
 
@@ -27,14 +33,16 @@ use rdmx_verbs::{Rkey, WrOpcode};
 use crate::ep::{Hold, Status};
 use crate::shared::{PostData, Shared, State, post_on};
 
-/// Writes our recall word (`returned`, `requested`) into the peer's slot of endpoint `k`.
-fn write_recall(st: &mut State, k: usize) -> bool {
+/// Writes our recall word (`returned`, `requested`, flags) into the peer's slot of endpoint
+/// `k`.
+pub(crate) fn write_recall(st: &mut State, k: usize) -> bool {
     let Some(ep) = st.eps.get_mut(k) else {
         return false;
     };
     let w = Recall {
         returned: ep.recall.returned_out,
         recall: ep.recall.requested_out,
+        starving: ep.recall.starving,
         all: ep.recall.ask_all,
     };
     let bytes = w.to_word().to_be_bytes();
@@ -47,10 +55,11 @@ fn write_recall(st: &mut State, k: usize) -> bool {
 }
 
 /// The background tick: answer the peers' recall requests, apply the credits they gave back,
-/// and ask idle peers for credits when endpoints here are waiting for some.
+/// and take credits from idle peers for starving ones.
 pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
+    let mut starving = Vec::new();
     for &k in &keys {
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
@@ -83,11 +92,14 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
         };
-        // A request from the peer: if we sent nothing since the previous tick, keep one
-        // credit and give back the rest.
+        if theirs.starving && ep.recv.outstanding() == 0 {
+            starving.push(k);
+        }
+        // A request from the peer: if we sent nothing since the previous tick, give back
+        // what it asks for.
         let idle_sender = ep.send.sent == ep.recall.sent_at_tick;
         ep.recall.sent_at_tick = ep.send.sent;
-        let mut answer = false;
+        let mut write = false;
         if theirs.recall != ep.recall.requested_seen {
             ep.recall.requested_seen = theirs.recall;
             // The credits we hold include grants written into our mailbox and not read yet
@@ -102,10 +114,10 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
                 let give = avail - keep;
                 ep.send.sent = ep.send.sent.wrapping_add(give);
                 ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
-                answer = true;
+                write = true;
             }
         }
-        if answer {
+        if write {
             write_recall(st, k);
         }
     }
@@ -113,54 +125,87 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
     if freed > 0 {
         st.stats.credits_recalled += freed;
     }
-    // Short of buffers while endpoints wait for credits: ask the idle holders, for all their
-    // credits but one; when none holds more than one, for all of them.
-    if st.budget.spare() == 0 && !st.needy.is_empty() {
-        // Grants not told to the peer yet are ours to take back without asking.
-        let mut untold = 0u64;
-        for &k in &keys {
-            let Some(ep) = st.eps.get_mut(k) else {
-                continue;
-            };
-            let n = ep.recv.unadvertised();
-            if n > 0 && now.duration_since(ep.last_rx) >= idle_for {
-                ep.recv.granted = ep.recv.granted.wrapping_sub(n);
-                untold += u64::from(n);
-                sh.mark_needy(st, k);
-            }
-        }
-        if untold > 0 {
-            st.budget.outstanding = st.budget.outstanding.saturating_sub(untold);
-            freed += untold;
-        }
-    }
-    if st.budget.spare() == 0 && !st.needy.is_empty() {
-        let idle_holders: Vec<(usize, u32)> = keys
-            .iter()
-            .filter_map(|&k| {
-                let ep = st.eps.get(k)?;
-                let idle = now.duration_since(ep.last_rx) >= idle_for;
-                let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < idle_for);
-                (ep.is_open() && idle && !asked_recently && ep.recv.outstanding() > 0)
-                    .then(|| (k, ep.recv.outstanding()))
-            })
-            .collect();
-        let all = idle_holders.iter().all(|&(_, n)| n <= 1);
-        for (k, n) in idle_holders {
-            if !all && n <= 1 {
-                continue;
-            }
-            let Some(ep) = st.eps.get_mut(k) else {
-                continue;
-            };
-            ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
-            ep.recall.ask_all = all;
-            ep.recall.asked_at = Some(now);
-            write_recall(st, k);
-        }
+    if !starving.is_empty() {
+        feed_starving(sh, st, &keys, &starving, now, idle_for, &mut freed);
     }
     if freed > 0 {
         sh.after(st);
         sh.wake_all();
+    }
+}
+
+/// Puts starving endpoints first in line for grants and, when no buffer is spare, frees
+/// credits held by idle ones.
+fn feed_starving(
+    sh: &Shared,
+    st: &mut State,
+    keys: &[usize],
+    starving: &[usize],
+    now: Instant,
+    idle_for: Duration,
+    freed: &mut u64,
+) {
+    for &k in starving.iter().rev() {
+        st.needy.retain(|&x| x != k);
+        st.needy.push_front(k);
+        if let Some(ep) = st.eps.get_mut(k) {
+            ep.in_needy = true;
+        }
+    }
+    sh.after(st);
+    let waiting = starving
+        .iter()
+        .filter(|&&k| st.eps.get(k).is_some_and(|e| e.recv.outstanding() == 0))
+        .count();
+    if waiting == 0 || st.budget.spare() > 0 {
+        return;
+    }
+    let is_idle = |ep: &crate::ep::Ep| ep.is_open() && now.duration_since(ep.last_rx) >= idle_for;
+    // Grants not told to the peer yet are ours to take back without asking.
+    let mut untold = 0u64;
+    for &k in keys {
+        let Some(ep) = st.eps.get_mut(k) else {
+            continue;
+        };
+        let n = ep.recv.unadvertised();
+        if n > 0 && is_idle(ep) && !starving.contains(&k) {
+            ep.recv.granted = ep.recv.granted.wrapping_sub(n);
+            untold += u64::from(n);
+            sh.mark_needy(st, k);
+        }
+    }
+    if untold > 0 {
+        st.budget.outstanding = st.budget.outstanding.saturating_sub(untold);
+        *freed += untold;
+        if st.budget.spare() >= waiting as u64 {
+            return;
+        }
+    }
+    let mut holders: Vec<(usize, u32, Instant)> = keys
+        .iter()
+        .filter_map(|&k| {
+            let ep = st.eps.get(k)?;
+            let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < idle_for);
+            (is_idle(ep) && !asked_recently && ep.recv.outstanding() > 0)
+                .then(|| (k, ep.recv.outstanding(), ep.last_rx))
+        })
+        .collect();
+    let all = holders.iter().all(|&(_, n, _)| n <= 1);
+    if all {
+        // Taking an endpoint's last credit makes its next message wait for a grant: take
+        // only as many as endpoints starve, from those idle the longest.
+        holders.sort_by_key(|&(_, _, last)| last);
+        holders.truncate(waiting);
+    } else {
+        holders.retain(|&(_, n, _)| n > 1);
+    }
+    for (k, _, _) in holders {
+        let Some(ep) = st.eps.get_mut(k) else {
+            continue;
+        };
+        ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
+        ep.recall.ask_all = all;
+        ep.recall.asked_at = Some(now);
+        write_recall(st, k);
     }
 }

@@ -910,7 +910,20 @@ impl Shared {
             self.read_mailbox(st, k);
         }
         let ep = &mut st.eps[k];
-        if ep.send.available() == 0 || ep.sq_used() + 2 >= ep.sq_depth {
+        if ep.send.available() == 0 {
+            // Tell the peer, once, that we wait for a credit (see `recall.rs`).
+            if !ep.recall.starving {
+                ep.recall.starving = true;
+                crate::recall::write_recall(st, k);
+            }
+            return Ok(Some(payload));
+        }
+        if ep.recall.starving {
+            ep.recall.starving = false;
+            crate::recall::write_recall(st, k);
+        }
+        let ep = &mut st.eps[k];
+        if ep.sq_used() + 2 >= ep.sq_depth {
             return Ok(Some(payload));
         }
         let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
