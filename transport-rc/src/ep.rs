@@ -20,6 +20,8 @@ pub(crate) struct RecallState {
     pub(crate) ask_all: bool,
     /// We told the peer we wait to send with no credit.
     pub(crate) starving: bool,
+    /// Since when we have been out of credits with something to send.
+    pub(crate) starved_since: Option<Instant>,
     /// The peer's `returned` counter already applied to our receive window.
     pub(crate) returned_seen: u32,
     /// The peer's `recall` counter already answered.

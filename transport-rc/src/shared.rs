@@ -9,7 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rdmx_core::credit::Budget;
@@ -61,6 +61,10 @@ pub struct Stats {
     /// Credits idle peers gave back on request (credit recall).
     pub credits_recalled: u64,
 }
+
+/// How long a sender waits for a credit before it tells the peer it is starving (a grant is
+/// normally back within a round trip; the flag costs two mailbox writes per episode).
+const STARVING_AFTER: Duration = Duration::from_millis(1);
 
 /// All mutable state of a context.
 #[derive(Debug)]
@@ -185,8 +189,8 @@ impl Shared {
     }
 
     /// The background thread's tick (keepalives, credit recall).
-    pub(crate) fn keepalive_tick(&self) -> std::time::Duration {
-        (self.cfg.peer_timeout / 4).min(std::time::Duration::from_millis(100))
+    pub(crate) fn keepalive_tick(&self) -> Duration {
+        (self.cfg.peer_timeout / 4).min(Duration::from_millis(100))
     }
 
     pub(crate) fn now_nanos(&self) -> u64 {
@@ -911,13 +915,17 @@ impl Shared {
         }
         let ep = &mut st.eps[k];
         if ep.send.available() == 0 {
-            // Tell the peer, once, that we wait for a credit (see `recall.rs`).
-            if !ep.recall.starving {
+            // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
+            // without one, tell the peer (once) that we wait (see `recall.rs`).
+            let now = Instant::now();
+            let since = *ep.recall.starved_since.get_or_insert(now);
+            if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
                 ep.recall.starving = true;
                 crate::recall::write_recall(st, k);
             }
             return Ok(Some(payload));
         }
+        ep.recall.starved_since = None;
         if ep.recall.starving {
             ep.recall.starving = false;
             crate::recall::write_recall(st, k);
