@@ -101,6 +101,29 @@ fn xrc_needs_a_connection_per_node_not_per_context() {
             [k as u8; 32]
         );
     }
+    // Each context on B takes the messages of all of A's contexts with one receive call,
+    // though they share B's targets and A's initiators: every message names its endpoint.
+    for (k, (ea, _)) in pairs.iter().enumerate() {
+        ea.send(&(k as u32).to_le_bytes()).unwrap();
+    }
+    for (j, b) in ctx_b.iter().enumerate() {
+        let mut got: Vec<usize> = (0..N)
+            .map(|_| {
+                let m = b.recv_timeout(Duration::from_secs(5)).unwrap();
+                let k = u32::from_le_bytes(m[..4].try_into().unwrap()) as usize;
+                assert_eq!(
+                    m.endpoint(),
+                    pairs[k].1.id(),
+                    "attributed to the wrong endpoint"
+                );
+                k
+            })
+            .collect();
+        got.sort_unstable();
+        let want: Vec<usize> = (0..N).map(|i| i * N + j).collect();
+        assert_eq!(got, want, "context {j} of B");
+        assert!(matches!(b.try_recv(), Err(Error::WouldBlock)));
+    }
     let xrc_a: usize = ctx_a.iter().map(Context::queue_pairs).sum();
     let xrc_b: usize = ctx_b.iter().map(Context::queue_pairs).sum();
     assert_eq!(
