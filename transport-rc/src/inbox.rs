@@ -104,8 +104,9 @@ impl Context {
     /// message goes to whichever call takes it first.
     ///
     /// # Errors
-    /// None today other than those of [`recv_timeout`](Self::recv_timeout); the `Result`
-    /// keeps the signature of the other receive calls.
+    /// None: it waits until some endpoint has a message. (The `Result` matches the other
+    /// receive calls; [`recv_timeout`](Self::recv_timeout) and
+    /// [`try_recv`](Self::try_recv) do return errors.)
     pub fn recv(&self) -> Result<Message> {
         let sh = self.shared();
         wait_until(sh, None, |st| sh.take_any(st).map(Ok))
