@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use rdmx_core::Error;
-use rdmx_rc::Context;
+use rdmx_rc::{Context, Endpoint};
 
 #[test]
 fn slow_receiver_bounds_memory() {
@@ -98,14 +98,17 @@ fn slow_receiver_bounds_memory() {
     );
 }
 
-/// More endpoints than the shared receive queue can back at the configured window: idle
-/// endpoints hold every credit, and a newcomer that starts with none must still get to send
-/// (credit recall), without any RNR NAK.
-#[test]
-fn idle_endpoints_give_credits_back() {
+/// A server context with a small shared receive queue (`srq_depth`, `credits`) and `n`
+/// endpoints to it from one client context; short peer timeouts (so recall ticks are fast).
+/// Returns (server, client, client endpoints, server endpoints), pairs at equal indexes.
+fn fan_in(
+    srq_depth: u32,
+    credits: u32,
+    n: usize,
+) -> (Context, Context, Vec<Endpoint>, Vec<Endpoint>) {
     let server = Context::builder()
-        .srq_depth(64)
-        .credits(32)
+        .srq_depth(srq_depth)
+        .credits(credits)
         .peer_timeout(Duration::from_millis(400))
         .build()
         .unwrap();
@@ -116,12 +119,21 @@ fn idle_endpoints_give_credits_back() {
     let listener = server.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let acceptor = std::thread::spawn(move || {
-        (0..6)
+        (0..n)
             .map(|_| listener.accept().unwrap())
             .collect::<Vec<_>>()
     });
-    let eps: Vec<_> = (0..6).map(|_| client.connect(addr).unwrap()).collect();
-    let server_eps = acceptor.join().unwrap();
+    let ceps: Vec<_> = (0..n).map(|_| client.connect(addr).unwrap()).collect();
+    let seps = acceptor.join().unwrap();
+    (server, client, ceps, seps)
+}
+
+/// More endpoints than the shared receive queue can back at the configured window: idle
+/// endpoints hold every credit, and a newcomer that starts with none must still get to send
+/// (credit recall), without any RNR NAK.
+#[test]
+fn idle_endpoints_give_credits_back() {
+    let (server, _client, eps, server_eps) = fan_in(64, 32, 6);
     // The first endpoints took every credit; the last one has none and is idle-blocked
     // until the idle ones give theirs back.
     let last = eps.last().unwrap();
@@ -217,25 +229,7 @@ fn slow_receiver_stops_a_zero_copy_sender() {
 #[test]
 fn more_endpoints_than_buffers_never_starve() {
     const N: usize = 24;
-    let server = Context::builder()
-        .srq_depth(16)
-        .credits(4)
-        .peer_timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
-    let client = Context::builder()
-        .peer_timeout(Duration::from_millis(400))
-        .build()
-        .unwrap();
-    let listener = server.listen("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr();
-    let acceptor = std::thread::spawn(move || {
-        (0..N)
-            .map(|_| listener.accept().unwrap())
-            .collect::<Vec<_>>()
-    });
-    let ceps: Vec<_> = (0..N).map(|_| client.connect(addr).unwrap()).collect();
-    let seps = acceptor.join().unwrap();
+    let (server, client, ceps, seps) = fan_in(16, 4, N);
     let start = Instant::now();
     // Ping-pong on one endpoint after the other, in an order that differs per round, so
     // credits keep moving to endpoints that will not use them for a while.
