@@ -98,7 +98,8 @@ impl Context {
     ///
     /// This never reports a disconnect: endpoints that go down show up as
     /// [`Event::Disconnected`](rdmx_core::Event::Disconnected) in
-    /// [`poll_event`](Self::poll_event). Messages of an endpoint whose handle was dropped
+    /// [`poll_event`](Self::poll_event) (messages that arrived before a peer's close can
+    /// still be taken after that event). Messages of an endpoint whose handle was dropped
     /// are not delivered. It can be mixed with [`Endpoint::recv`](crate::Endpoint::recv) on
     /// the same endpoints: a
     /// message goes to whichever call takes it first.

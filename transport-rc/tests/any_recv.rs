@@ -218,3 +218,57 @@ fn mixes_with_endpoint_recv_and_skips_dropped_handles() {
     let m = server.recv_timeout(T).expect("context recv after the drop");
     assert_eq!((m.endpoint(), parse(&m)), (a_id, (0, 40)));
 }
+
+#[test]
+fn a_server_on_context_recv_sees_orderly_closes_as_events() {
+    let FanIn {
+        client: _client,
+        ceps,
+        server,
+        seps,
+    } = fan_in(3);
+    // Each client sends a few messages and closes; the server only calls Context::recv and
+    // polls events.
+    let closer = std::thread::spawn(move || {
+        for (i, ep) in ceps.iter().enumerate() {
+            for seq in 0..5 {
+                ep.send(&payload(i, seq, size_of_msg(seq))).expect("send");
+            }
+        }
+        for ep in &ceps {
+            ep.close().expect("orderly close");
+        }
+    });
+    let mut next = [0u32; 3];
+    let mut closed = std::collections::HashSet::new();
+    let deadline = Instant::now() + T;
+    while next.iter().any(|&n| n < 5) || closed.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "stuck: {next:?}, closed {closed:?}"
+        );
+        match server.recv_timeout(Duration::from_millis(50)) {
+            Ok(m) => {
+                let (i, seq) = parse(&m);
+                assert_eq!(seps[&m.endpoint()].0, i);
+                assert_eq!(seq, next[i]);
+                // (Messages that arrived before the close may still be taken after its
+                // event: the event says the endpoint is down, not that its inbox is empty.)
+                next[i] += 1;
+            }
+            Err(Error::Timeout(_)) => {}
+            Err(e) => panic!("context recv: {e}"),
+        }
+        while let Some(ev) = server.poll_event() {
+            match ev {
+                rdmx_core::Event::Disconnected { endpoint, cause } => {
+                    assert_eq!(cause, rdmx_core::DisconnectCause::PeerClosed);
+                    assert!(seps.contains_key(&endpoint));
+                    closed.insert(endpoint);
+                }
+                other => panic!("unexpected event {other:?}"),
+            }
+        }
+    }
+    closer.join().expect("closer");
+}
