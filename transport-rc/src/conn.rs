@@ -281,6 +281,7 @@ pub(crate) fn register(
         recv,
         in_needy: false,
         in_ready: false,
+        close_event_due: false,
         peer_mailbox: (0, 0),
         mailbox_off,
         mailbox_seen: Mailbox::default(),

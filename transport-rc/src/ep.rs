@@ -130,6 +130,9 @@ pub(crate) struct Ep {
     pub(crate) in_needy: bool,
     /// Queued in the context's ready queue (see `inbox.rs`).
     pub(crate) in_ready: bool,
+    /// Closed in order with messages still queued: the `Disconnected` event waits for the
+    /// last of them to be taken.
+    pub(crate) close_event_due: bool,
     /// Where our grants go in the peer's memory.
     pub(crate) peer_mailbox: (u64, u32),
     /// Our slot (offset into the context's mailbox region) that the peer writes.
@@ -203,6 +206,13 @@ impl Ep {
     /// Close may follow).
     pub(crate) fn drained(&self) -> bool {
         self.rndv_out.is_empty()
+    }
+
+    /// Messages (eager or rendezvous) are still queued.
+    pub(crate) fn has_pending_messages(&self) -> bool {
+        self.inbox
+            .iter()
+            .any(|i| matches!(i, Inbound::Msg { .. } | Inbound::Rndv { .. }))
     }
 
     /// The front of the inbox is a message that can be delivered now (not the

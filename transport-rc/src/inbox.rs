@@ -9,6 +9,10 @@
 //! that endpoint has another one ready, puts it back at the end: busy endpoints take turns,
 //! and the messages of one endpoint still come out in the order they were sent.
 //!
+//! An orderly close is reported (`Event::Disconnected` with `PeerClosed`) only after the
+//! last message the peer sent before closing has been taken, so a server that drops an
+//! endpoint on that event loses none of its messages.
+//!
 //! Both ways of receiving can be mixed: a message goes to whichever call takes it first.
 //! The queue is not cleaned when `Endpoint::recv` empties an inbox; a key is checked when it
 //! is taken from the queue, and dropped there if its endpoint has nothing ready (or is
@@ -18,7 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmx_core::{Error, Result};
+use rdmx_core::{DisconnectCause, Error, Event, Result};
 
 use crate::context::{Context, wait_until};
 use crate::endpoint::Message;
@@ -56,6 +60,13 @@ impl Shared {
         };
         ep.delivered += 1;
         let id = ep.id;
+        if ep.close_event_due && !ep.has_pending_messages() {
+            ep.close_event_due = false;
+            st.events.push_back(Event::Disconnected {
+                endpoint: id,
+                cause: DisconnectCause::PeerClosed,
+            });
+        }
         st.stats.delivered += 1;
         if rndv {
             // A rendezvous message: its slot in the credit window opens again.
@@ -98,8 +109,9 @@ impl Context {
     ///
     /// This never reports a disconnect: endpoints that go down show up as
     /// [`Event::Disconnected`](rdmx_core::Event::Disconnected) in
-    /// [`poll_event`](Self::poll_event) (messages that arrived before a peer's close can
-    /// still be taken after that event). Messages of an endpoint whose handle was dropped
+    /// [`poll_event`](Self::poll_event). A peer's orderly close is reported once the last
+    /// message it sent before closing has been taken, so an application may drop the
+    /// endpoint when the event comes. Messages of an endpoint whose handle was dropped
     /// are not delivered. It can be mixed with [`Endpoint::recv`](crate::Endpoint::recv) on
     /// the same endpoints: a
     /// message goes to whichever call takes it first.

@@ -833,10 +833,17 @@ impl Shared {
                 && ep.signaled_out == 0
             {
                 ep.status = Status::Down(DisconnectCause::PeerClosed);
-                st.events.push_back(Event::Disconnected {
-                    endpoint: ep.id,
-                    cause: DisconnectCause::PeerClosed,
-                });
+                // The event comes after the last message the peer sent before closing has
+                // been taken (see `inbox.rs`): an application that drops the endpoint on the
+                // event loses nothing.
+                if ep.has_pending_messages() {
+                    ep.close_event_due = true;
+                } else {
+                    st.events.push_back(Event::Disconnected {
+                        endpoint: ep.id,
+                        cause: DisconnectCause::PeerClosed,
+                    });
+                }
             }
             if ep.detached && matches!(ep.status, Status::Down(_)) {
                 remove.push(k);

@@ -220,55 +220,67 @@ fn mixes_with_endpoint_recv_and_skips_dropped_handles() {
 }
 
 #[test]
-fn a_server_on_context_recv_sees_orderly_closes_as_events() {
+fn a_server_on_context_recv_sees_orderly_closes_after_the_last_message() {
     let FanIn {
         client: _client,
         ceps,
         server,
         seps,
     } = fan_in(3);
-    // Each client sends a few messages and closes; the server only calls Context::recv and
-    // polls events.
-    let closer = std::thread::spawn(move || {
-        for (i, ep) in ceps.iter().enumerate() {
-            for seq in 0..5 {
-                ep.send(&payload(i, seq, size_of_msg(seq))).expect("send");
-            }
+    // Each client sends a few messages and closes; all of that completes (the server's
+    // background thread answers the closes) before the server takes anything.
+    for (i, ep) in ceps.iter().enumerate() {
+        for seq in 0..5 {
+            ep.send(&payload(i, seq, size_of_msg(seq))).expect("send");
         }
-        for ep in &ceps {
-            ep.close().expect("orderly close");
-        }
-    });
+    }
+    for ep in &ceps {
+        ep.close().expect("orderly close");
+    }
+    // The closes are done, but their messages wait: no event yet.
+    assert_eq!(
+        server.poll_event(),
+        None,
+        "close reported before its messages"
+    );
     let mut next = [0u32; 3];
     let mut closed = std::collections::HashSet::new();
-    let deadline = Instant::now() + T;
-    while next.iter().any(|&n| n < 5) || closed.len() < 3 {
+    for _ in 0..15 {
+        let m = server.recv_timeout(T).expect("context recv");
+        let (i, seq) = parse(&m);
+        assert_eq!(seps[&m.endpoint()].0, i);
+        assert_eq!(seq, next[i]);
         assert!(
-            Instant::now() < deadline,
-            "stuck: {next:?}, closed {closed:?}"
+            !closed.contains(&m.endpoint()),
+            "a message after the close event"
         );
-        match server.recv_timeout(Duration::from_millis(50)) {
-            Ok(m) => {
-                let (i, seq) = parse(&m);
-                assert_eq!(seps[&m.endpoint()].0, i);
-                assert_eq!(seq, next[i]);
-                // (Messages that arrived before the close may still be taken after its
-                // event: the event says the endpoint is down, not that its inbox is empty.)
-                next[i] += 1;
-            }
-            Err(Error::Timeout(_)) => {}
-            Err(e) => panic!("context recv: {e}"),
-        }
+        next[i] += 1;
+        drop(m);
         while let Some(ev) = server.poll_event() {
             match ev {
                 rdmx_core::Event::Disconnected { endpoint, cause } => {
                     assert_eq!(cause, rdmx_core::DisconnectCause::PeerClosed);
-                    assert!(seps.contains_key(&endpoint));
+                    let k = seps[&endpoint].0;
+                    assert_eq!(
+                        next[k], 5,
+                        "endpoint {k} reported closed before its last message"
+                    );
                     closed.insert(endpoint);
                 }
                 other => panic!("unexpected event {other:?}"),
             }
         }
     }
-    closer.join().expect("closer");
+    // A close whose last step (our own Close being acknowledged) finished after its last
+    // message was taken is reported when it finishes.
+    while closed.len() < 3 {
+        match server.wait_event(T) {
+            Some(rdmx_core::Event::Disconnected { endpoint, cause }) => {
+                assert_eq!(cause, rdmx_core::DisconnectCause::PeerClosed);
+                closed.insert(endpoint);
+            }
+            other => panic!("expected a close event, got {other:?}"),
+        }
+    }
+    assert!(matches!(server.try_recv(), Err(Error::WouldBlock)));
 }
