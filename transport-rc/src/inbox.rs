@@ -108,7 +108,7 @@ impl Context {
     /// `accept`).
     ///
     /// This never reports a disconnect: endpoints that go down show up as
-    /// [`Event::Disconnected`](rdmx_core::Event::Disconnected) in
+    /// [`Event::Disconnected`] in
     /// [`poll_event`](Self::poll_event). A peer's orderly close is reported once the last
     /// message it sent before closing has been taken, so an application may drop the
     /// endpoint when the event comes. Messages of an endpoint whose handle was dropped
