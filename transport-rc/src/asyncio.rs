@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use rdmx_core::{Buf, Error, Result, bootstrap};
 
 use crate::endpoint::{Endpoint, Message};
-use crate::shared::{Payload, Shared, State};
+use crate::send::Payload;
+use crate::shared::{Shared, State};
 
 /// Counts a sleeping future for as long as it waits (also when it is dropped mid-wait).
 struct Sleeper<'a>(&'a AtomicUsize);

@@ -17,7 +17,8 @@ use rdmx_verbs::{
 use crate::context::{Context, MAX_ENDPOINTS};
 use crate::endpoint::Endpoint;
 use crate::ep::{Ep, Hold, Status};
-use crate::shared::{PostData, Shared, State, post_on};
+use crate::send::{PostData, post_on};
+use crate::shared::{Shared, State};
 
 /// Send queue depth of an endpoint's queue pair.
 pub(crate) fn sq_depth(sh: &Shared) -> u32 {

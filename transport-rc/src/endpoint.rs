@@ -12,7 +12,8 @@ use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcod
 
 use crate::context::{Context, wait_until};
 use crate::ep::{Inbound, OpSource, Status};
-use crate::shared::{Payload, Shared, State};
+use crate::send::Payload;
+use crate::shared::{Shared, State};
 
 /// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
 /// access to regions the peer registered. `Send + Sync`; several threads may use it.

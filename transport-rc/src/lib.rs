@@ -38,6 +38,7 @@ mod endpoint;
 mod ep;
 mod inbox;
 mod recall;
+mod send;
 mod shared;
 mod xrc;
 

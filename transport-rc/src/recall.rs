@@ -31,7 +31,8 @@ use rdmx_core::header::{RECALL_OFF, Recall};
 use rdmx_verbs::{Rkey, WrOpcode};
 
 use crate::ep::{Hold, Status};
-use crate::shared::{PostData, Shared, State, post_on};
+use crate::send::{PostData, post_on};
+use crate::shared::{Shared, State};
 
 /// Writes our recall word (`returned`, `requested`, flags) into the peer's slot of endpoint
 /// `k`.

@@ -1,0 +1,306 @@
+//! Sending: the protocol chosen by size (inline, eager, rendezvous) under credit flow
+//! control, one-sided operations, and posting work requests on an endpoint's queue pair.
+
+use std::time::{Duration, Instant};
+
+use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
+use rdmx_core::{Buf, DisconnectCause, Error, Result};
+use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
+
+use crate::ep::{Ep, Hold, OpSource, RndvSrc, Status, wrid};
+use crate::shared::{Shared, State};
+
+/// Inline payloads up to this size are framed in a stack buffer (larger ones, possible only
+/// with a raised `RDMX_INLINE_THRESHOLD`, on the heap).
+const SMALL_INLINE: usize = 240;
+/// An unsignaled send is followed by a signaled one at least this often.
+const SIGNAL_EVERY: u32 = 16;
+/// How long a sender waits for a credit before it tells the peer it is starving (a grant is
+/// normally back within a round trip; the flag costs two mailbox writes per episode).
+const STARVING_AFTER: Duration = Duration::from_millis(1);
+
+/// How a send is carried.
+#[derive(Debug)]
+pub(crate) enum Payload<'a> {
+    /// Bytes the caller lends for the duration of the call.
+    Bytes(&'a [u8]),
+    /// A pooled buffer the caller gives away (zero copy).
+    Buf(Buf),
+    /// Application bytes sent from where they are (zero copy through the registration
+    /// cache when large).
+    Shared(SharedBytes),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Bytes(b) => b,
+            Self::Buf(b) => b,
+            Self::Shared(b) => b,
+        }
+    }
+}
+
+impl Shared {
+    /// Sends one message on endpoint `k` if a credit and a send slot are free now.
+    /// `Ok(None)` means "would block" (and gives the payload back).
+    pub(crate) fn try_send<'a>(
+        &self,
+        st: &mut State,
+        k: usize,
+        payload: Payload<'a>,
+    ) -> Result<Option<Payload<'a>>> {
+        let len = payload.len();
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        };
+        if let Some(c) = ep.down_cause() {
+            return Err(Error::Disconnected(c));
+        }
+        if ep.status != Status::Open {
+            let cause = if ep.peer_closed {
+                DisconnectCause::PeerClosed
+            } else {
+                DisconnectCause::LocalClose
+            };
+            return Err(Error::Disconnected(cause));
+        }
+        let max = self.cfg.max_message.min(ep.peer_max_message);
+        if len > max {
+            return Err(Error::MessageTooLarge { len, max });
+        }
+        if ep.send.available() == 0 {
+            self.read_mailbox(st, k);
+        }
+        let ep = &mut st.eps[k];
+        if ep.send.available() == 0 {
+            // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
+            // without one, tell the peer (once) that we wait (see `recall.rs`).
+            let now = Instant::now();
+            let since = *ep.recall.starved_since.get_or_insert(now);
+            if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
+                ep.recall.starving = true;
+                crate::recall::write_recall(st, k);
+            }
+            return Ok(Some(payload));
+        }
+        ep.recall.starved_since = None;
+        if ep.recall.starving {
+            ep.recall.starving = false;
+            crate::recall::write_recall(st, k);
+        }
+        let ep = &mut st.eps[k];
+        if ep.sq_used() + 2 >= ep.sq_depth {
+            return Ok(Some(payload));
+        }
+        let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
+        let mut hdr = Header {
+            kind: Kind::Data,
+            tag: ep.peer_tag,
+            grant: 0,
+            rndv_done: ep.rndv_in_done,
+            len: len as u32,
+        };
+        if len <= self.inline_max {
+            hdr.grant = ep.recv.advertise();
+            ep.rndv_in_adv = ep.rndv_in_done;
+            // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
+            // array on every send cost more than the rest of this path.
+            let mut small = [0u8; HEADER_LEN + SMALL_INLINE];
+            let mut large = Vec::new();
+            let frame: &mut [u8] = if len <= SMALL_INLINE {
+                &mut small[..HEADER_LEN + len]
+            } else {
+                large.resize(HEADER_LEN + len, 0);
+                &mut large
+            };
+            hdr.write(frame);
+            frame[HEADER_LEN..].copy_from_slice(payload.bytes());
+            ep.send.take();
+            post_on(
+                ep,
+                WrOpcode::Send,
+                PostData::Inline(frame),
+                Hold::None,
+                false,
+            )?;
+            st.stats.sent_inline += 1;
+            tracing::trace!(
+                endpoint = ep.id,
+                len,
+                "send: inline (payload copied into the work request)"
+            );
+            return Ok(None);
+        }
+        if len < eager_limit {
+            let mut b = match self.pool.try_alloc(HEADER_LEN + len) {
+                Ok(b) => b,
+                Err(Error::WouldBlock) => return Ok(Some(payload)),
+                Err(e) => return Err(e),
+            };
+            hdr.grant = ep.recv.advertise();
+            ep.rndv_in_adv = ep.rndv_in_done;
+            hdr.write(&mut b);
+            b[HEADER_LEN..].copy_from_slice(payload.bytes());
+            ep.send.take();
+            post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+            st.stats.sent_eager += 1;
+            tracing::trace!(
+                endpoint = ep.id,
+                len,
+                "send: eager (copied into a pooled registered buffer)"
+            );
+            return Ok(None);
+        }
+        // Rendezvous: the peer reads the buffer, then reports it done.
+        let src = match payload {
+            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => RndvSrc::Buf(b),
+            Payload::Shared(b) => match self.regcache.register(&b) {
+                Ok(r) => RndvSrc::Shared(r),
+                Err(e) => return Err(e),
+            },
+            other => match self.pool.try_alloc(len) {
+                Ok(mut b) => {
+                    b.copy_from_slice(other.bytes());
+                    RndvSrc::Buf(b)
+                }
+                Err(Error::WouldBlock) => return Ok(Some(other)),
+                Err(e) => return Err(e),
+            },
+        };
+        let (src_addr, src_rkey) = match &src {
+            RndvSrc::Buf(b) => (b.addr(), b.rkey().0),
+            RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
+        };
+        hdr.kind = Kind::Rts;
+        hdr.grant = ep.recv.advertise();
+        ep.rndv_in_adv = ep.rndv_in_done;
+        let mut frame = [0u8; RTS_LEN];
+        hdr.write(&mut frame);
+        RtsInfo {
+            addr: src_addr,
+            rkey: src_rkey,
+        }
+        .write(&mut frame);
+        ep.send.take();
+        post_on(
+            ep,
+            WrOpcode::Send,
+            PostData::Inline(&frame),
+            Hold::None,
+            false,
+        )?;
+        ep.rndv_out.push_back(src);
+        if !st.rndv_watch.contains(&k) {
+            st.rndv_watch.push(k);
+        }
+        st.stats.sent_rndv += 1;
+        if matches!(st.eps[k].rndv_out.back(), Some(RndvSrc::Shared(_))) {
+            st.stats.sent_zero_copy += 1;
+        }
+        tracing::trace!(
+            endpoint = st.eps[k].id,
+            len,
+            "send: rendezvous (the peer RDMA-reads the buffer)"
+        );
+        Ok(None)
+    }
+
+    /// Posts a one-sided operation; returns its sequence number, or `None` when the send
+    /// queue is full.
+    pub(crate) fn post_op(
+        &self,
+        st: &mut State,
+        k: usize,
+        op: WrOpcode,
+        local: OpSource,
+    ) -> Result<std::result::Result<u32, OpSource>> {
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        };
+        if let Some(c) = ep.down_cause() {
+            return Err(Error::Disconnected(c));
+        }
+        if ep.sq_used() + 2 >= ep.sq_depth {
+            return Ok(Err(local));
+        }
+        let seq = ep.next_seq;
+        let data = match local {
+            OpSource::None => PostData::Inline(&[]),
+            OpSource::Buf(_) | OpSource::Shared(_) => PostData::Buf,
+        };
+        post_on(ep, op, data, Hold::Op(local), true)?;
+        Ok(Ok(seq))
+    }
+}
+
+/// Where a posted work request's data comes from.
+pub(crate) enum PostData<'a> {
+    /// Copied into the work request.
+    Inline(&'a [u8]),
+    /// The buffer in the `Hold` (its first `len()` bytes).
+    Buf,
+}
+
+/// Posts one send work request on `ep`, numbering it and keeping what it holds until it
+/// completes. Signals when asked, when it holds something, or every `SIGNAL_EVERY` requests.
+pub(crate) fn post_on(
+    ep: &mut Ep,
+    op: WrOpcode,
+    data: PostData<'_>,
+    hold: Hold,
+    signal: bool,
+) -> Result<()> {
+    let seq = ep.next_seq;
+    let signal = signal
+        || !matches!(hold, Hold::None)
+        || ep.unsignaled + 1 >= SIGNAL_EVERY
+        || ep.sq_used() + 1 >= ep.sq_depth / 2;
+    let sge;
+    let mut wr = match (&data, &hold) {
+        (PostData::Inline(bytes), _) => {
+            let mut wr = SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]);
+            wr.inline_data = Some(*bytes);
+            wr.send_flags |= SendFlags::INLINE;
+            wr
+        }
+        (PostData::Buf, Hold::Buf(b) | Hold::Op(OpSource::Buf(b))) => {
+            sge = b.sge();
+            SendWr::new(
+                wrid::make(wrid::SEND, 0, seq),
+                op,
+                std::slice::from_ref(&sge),
+            )
+        }
+        (PostData::Buf, Hold::Op(OpSource::Shared(r))) => {
+            sge = rdmx_verbs::Sge {
+                addr: r.addr(),
+                length: u32::try_from(r.len()).unwrap_or(u32::MAX),
+                lkey: r.lkey(),
+            };
+            SendWr::new(
+                wrid::make(wrid::SEND, 0, seq),
+                op,
+                std::slice::from_ref(&sge),
+            )
+        }
+        (PostData::Buf, _) => SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]),
+    };
+    wr.wr_id = wrid::make(wrid::SEND, ep.key, seq);
+    wr.remote_srqn = ep.remote_srqn;
+    if signal {
+        wr.send_flags |= SendFlags::SIGNALED;
+    }
+    ep.qp.post_send(&wr)?;
+    ep.next_seq = seq.wrapping_add(1);
+    ep.unsignaled = if signal { 0 } else { ep.unsignaled + 1 };
+    ep.inflight.push_back((seq, hold));
+    if signal {
+        ep.signaled_out += 1;
+    }
+    Ok(())
+}
