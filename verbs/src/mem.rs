@@ -13,7 +13,14 @@
 //! are only read: every write path here refuses them, and they can only be registered with
 //! remote read access.
 //!
-//! This is the only module of the soft provider that contains `unsafe`.
+//! A third kind of region is *foreign*: another process's registered memory, which a soft
+//! NIC hosting a shared XRC domain (`soft::xrcd`) reaches with `process_vm_readv` /
+//! `process_vm_writev`, the way a NIC DMAs into any process's pages. Its bytes are never
+//! touched through pointers in this process. To the owning process such a write is like a
+//! hardware NIC's DMA: it happens outside its threads, and its own accesses stay atomic.
+//!
+//! This is the only module of the soft provider that contains `unsafe` apart from the
+//! system-call wrappers in `soft::driver::sys`.
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
@@ -33,7 +40,15 @@ pub struct RegisteredMemory {
     ptr: NonNull<u8>,
     len: usize,
     shared: Option<SharedBytes>,
+    /// For foreign memory: the process whose address space `ptr` is in.
+    foreign: Option<libc::pid_t>,
+    /// Foreign memory whose registration was withdrawn: every access fails from then on.
+    revoked: std::sync::atomic::AtomicBool,
 }
+
+/// Serialises read-modify-write atomics on foreign memory, so that the atomics one soft NIC
+/// performs on another process's words are atomic with respect to each other.
+static FOREIGN_ATOMICS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 // SAFETY: an owned allocation is only ever accessed through atomic operations (see the
 // module docs), and shared bytes are immutable and only read through `&[u8]`, so sharing
@@ -55,7 +70,35 @@ impl RegisteredMemory {
             ptr,
             len,
             shared: None,
+            foreign: None,
+            revoked: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Describes `len` bytes at `addr` in process `pid` (another process's registered
+    /// memory, mirrored into a soft NIC that hosts a shared XRC domain). `None` for a null
+    /// address. Nothing is mapped: every access is a `process_vm_readv` / `process_vm_writev`
+    /// that fails cleanly (returns false) if the range is no longer mapped there.
+    pub(crate) fn foreign(pid: libc::pid_t, addr: u64, len: usize) -> Option<Self> {
+        let ptr = NonNull::new(usize::try_from(addr).ok()? as *mut u8)?;
+        Some(Self {
+            ptr,
+            len,
+            shared: None,
+            foreign: Some(pid),
+            revoked: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Withdraws a foreign region: accesses already under way finish, later ones fail (the
+    /// caller holds the NIC lock, which every access runs under, so none is under way).
+    pub(crate) fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    /// The process owning a foreign region.
+    pub(crate) fn foreign_pid(&self) -> Option<libc::pid_t> {
+        self.foreign
     }
 
     /// Wraps immutable application bytes; `None` for an empty view (it has no address of
@@ -70,6 +113,8 @@ impl RegisteredMemory {
             ptr,
             len: bytes.len(),
             shared: Some(bytes),
+            foreign: None,
+            revoked: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -121,10 +166,86 @@ impl RegisteredMemory {
     /// The atomic word at `offset`, if it is 8-byte aligned and inside the region.
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
         let end = offset.checked_add(8)?;
-        if self.shared.is_some() || end > self.len || !offset.is_multiple_of(8) {
+        if self.shared.is_some()
+            || self.foreign.is_some()
+            || end > self.len
+            || !offset.is_multiple_of(8)
+        {
             return None;
         }
         Some(self.word(offset))
+    }
+
+    /// RDMA compare-and-swap on the 8-byte word at `offset`: returns the original value, or
+    /// `None` when the word is misaligned, outside the region or read-only.
+    pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
+        if let Some(w) = self.atomic_u64(offset) {
+            return Some(
+                match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                },
+            );
+        }
+        self.foreign_rmw(offset, |v| if v == compare { swap } else { v })
+    }
+
+    /// RDMA fetch-and-add on the 8-byte word at `offset`: returns the original value, or
+    /// `None` as for [`compare_swap`](Self::compare_swap).
+    pub fn fetch_add(&self, offset: usize, add: u64) -> Option<u64> {
+        if let Some(w) = self.atomic_u64(offset) {
+            return Some(w.fetch_add(add, Ordering::SeqCst));
+        }
+        self.foreign_rmw(offset, |v| v.wrapping_add(add))
+    }
+
+    /// A read-modify-write of a foreign word, atomic with respect to every other atomic
+    /// this process's soft NICs perform on foreign memory (not to the owner's own).
+    fn foreign_rmw(&self, offset: usize, f: impl FnOnce(u64) -> u64) -> Option<u64> {
+        let end = offset.checked_add(8)?;
+        if self.foreign.is_none() || end > self.len || !offset.is_multiple_of(8) {
+            return None;
+        }
+        let _g = FOREIGN_ATOMICS.lock();
+        let mut b = [0u8; 8];
+        if !self.read(offset, &mut b) {
+            return None;
+        }
+        let old = u64::from_ne_bytes(b);
+        self.write(offset, &f(old).to_ne_bytes()).then_some(old)
+    }
+
+    /// Copies between this process and foreign memory at `offset` (`write`: into it).
+    fn foreign_copy(&self, pid: libc::pid_t, offset: usize, buf: *mut u8, len: usize, write: bool) -> bool {
+        if self.revoked.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut done = 0usize;
+        while done < len {
+            let local = libc::iovec {
+                iov_base: buf.wrapping_add(done).cast::<libc::c_void>(),
+                iov_len: len - done,
+            };
+            let remote = libc::iovec {
+                iov_base: self.ptr.as_ptr().wrapping_add(offset + done).cast::<libc::c_void>(),
+                iov_len: len - done,
+            };
+            // SAFETY: `local` describes `len - done` bytes of a live buffer the caller owns
+            // (a `&mut [u8]` for reads, a `&[u8]` that is only read for writes); `remote` is
+            // an address in another process, which the kernel checks and never dereferences
+            // here. Neither iovec outlives the call.
+            let n = unsafe {
+                if write {
+                    libc::process_vm_writev(pid, &local, 1, &remote, 1, 0)
+                } else {
+                    libc::process_vm_readv(pid, &local, 1, &remote, 1, 0)
+                }
+            };
+            if n <= 0 {
+                return false;
+            }
+            done += n as usize;
+        }
+        true
     }
 
     /// Copies `dst.len()` bytes starting at `offset` into `dst`. Returns false (copying
@@ -139,6 +260,9 @@ impl RegisteredMemory {
         if let Some(b) = &self.shared {
             dst.copy_from_slice(&b[offset..end]);
             return true;
+        }
+        if let Some(pid) = self.foreign {
+            return self.foreign_copy(pid, offset, dst.as_mut_ptr(), dst.len(), false);
         }
         let mut i = offset;
         let mut d = 0;
@@ -175,6 +299,10 @@ impl RegisteredMemory {
         if self.shared.is_some() || end > self.len {
             return false;
         }
+        if let Some(pid) = self.foreign {
+            // The kernel only reads through the local iovec of a process_vm_writev.
+            return self.foreign_copy(pid, offset, src.as_ptr().cast_mut(), src.len(), true);
+        }
         let mut i = offset;
         let mut s = 0;
         while i < end && !i.is_multiple_of(8) {
@@ -207,6 +335,9 @@ impl RegisteredMemory {
         if self.shared.is_some() || end > self.len {
             return false;
         }
+        if self.foreign.is_some() {
+            return self.write(offset, &vec![value; len]);
+        }
         for i in offset..end {
             self.byte(i).store(value, Ordering::Relaxed);
         }
@@ -216,8 +347,9 @@ impl RegisteredMemory {
 
 impl Drop for RegisteredMemory {
     fn drop(&mut self) {
-        if self.shared.is_some() {
-            // Not ours to free: dropping `shared` releases the application's owner.
+        if self.shared.is_some() || self.foreign.is_some() {
+            // Not ours to free: dropping `shared` releases the application's owner, and
+            // foreign memory belongs to another process.
             return;
         }
         // The layout was valid at allocation time, so rebuilding it cannot fail; if it somehow
@@ -272,6 +404,30 @@ mod tests {
         assert!(m.atomic_u64(8).is_some());
         assert!(m.atomic_u64(4).is_none());
         assert!(m.atomic_u64(96).is_none());
+    }
+
+    #[test]
+    fn foreign_memory_of_this_process() {
+        let own = RegisteredMemory::new(64).unwrap();
+        let pid = std::process::id() as libc::pid_t;
+        let f = RegisteredMemory::foreign(pid, own.addr(), 64).unwrap();
+        assert!(f.write(3, b"hello"));
+        let mut b = [0u8; 5];
+        assert!(own.read(3, &mut b));
+        assert_eq!(&b, b"hello");
+        assert!(f.read(3, &mut b) && &b == b"hello");
+        assert!(!f.write(62, b"abc"), "past the end");
+        assert_eq!(f.fetch_add(8, 5), Some(0));
+        assert_eq!(f.compare_swap(8, 5, 9), Some(5));
+        assert_eq!(f.compare_swap(8, 5, 11), Some(9));
+        assert_eq!(own.atomic_u64(8).unwrap().load(Ordering::SeqCst), 9);
+        assert!(f.atomic_u64(8).is_none() && f.fetch_add(4, 1).is_none());
+        assert!(f.fill(40, 4, 0xAB));
+        let mut w = [0u8; 4];
+        assert!(own.read(40, &mut w) && w == [0xAB; 4]);
+        // An unmapped address fails cleanly.
+        let gone = RegisteredMemory::foreign(pid, 8, 16).unwrap();
+        assert!(!gone.write(0, b"x") && !gone.read(0, &mut [0u8; 1]));
     }
 
     #[test]

@@ -101,4 +101,26 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     ) -> Result<(), VerbsError>;
     fn query_srq(&self, srq: u32) -> Option<SrqState>;
     fn alloc_xrcd(&self) -> Result<u32, VerbsError>;
+    /// Opens the XRC domain shared through the file at `path` (`ibv_open_xrcd` with the
+    /// file's descriptor).
+    fn open_xrcd_file(&self, _path: &std::path::Path) -> Result<SharedXrcd, VerbsError> {
+        Err(VerbsError::Unsupported(
+            "XRC domains shared through a file on this provider",
+        ))
+    }
+}
+
+/// A domain opened through a file.
+#[derive(Debug, Clone)]
+pub(crate) enum SharedXrcd {
+    /// The domain is this device's own (handle in it): the soft provider's host, or
+    /// hardware, where the kernel shares it.
+    Local(u32),
+    /// The domain lives in another soft device: its handle there, the link its SRQs and
+    /// targets are created through, and the UDP addresses where its targets receive.
+    Remote {
+        xrcd: u32,
+        link: Arc<dyn Provider>,
+        ports: Vec<SocketAddr>,
+    },
 }

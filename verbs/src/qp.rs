@@ -70,6 +70,9 @@ pub struct QueuePair {
     _recv_cq: Option<Arc<CqInner>>,
     _srq: Option<Arc<SrqInner>>,
     _xrcd: Option<crate::xrc::XrcDomain>,
+    /// The provider the QP lives on when it is not the PD's device (a target of a shared
+    /// XRC domain hosted by another soft device).
+    via: Option<Arc<dyn Provider>>,
     /// Multicast groups this QP is attached to, with the port they were joined on.
     groups: parking_lot::Mutex<Vec<(Gid, u8)>>,
 }
@@ -103,8 +106,13 @@ impl QueuePair {
             _recv_cq: Some(a.recv_cq.inner.clone()),
             _srq: a.srq.map(|s| s.inner.clone()),
             _xrcd: None,
+            via: None,
             groups: parking_lot::Mutex::new(Vec::new()),
         })
+    }
+
+    fn dev(&self) -> &Arc<dyn Provider> {
+        self.via.as_ref().unwrap_or_else(|| self.pd.ctx.dev())
     }
 
     /// The QP number.
@@ -131,7 +139,7 @@ impl QueuePair {
     /// device's limits, or a state the device changed on its own since the check) is
     /// reported by the provider, on libibverbs as `Io` with the kernel's errno.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
-        modify_on(&**self.pd.ctx.dev(), self.qpn, self.qp_type, attr, mask)
+        modify_on(&**self.dev(), self.qpn, self.qp_type, attr, mask)
     }
 
     /// Current attributes and capacities (`ibv_query_qp`).
@@ -173,7 +181,7 @@ impl QueuePair {
     /// `(posted, error)` for the first request that could not be posted.
     pub fn post_send_batch(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().post_send(qpn, wrs)
+        self.dev().post_send(qpn, wrs)
     }
 
     /// Posts a receive work request (`ibv_post_recv`).
@@ -182,7 +190,7 @@ impl QueuePair {
     /// See [`PostError`].
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
         let qpn = self.qpn;
-        self.pd.ctx.dev().post_recv(qpn, wr)
+        self.dev().post_recv(qpn, wr)
     }
 }
 
@@ -216,7 +224,8 @@ impl QueuePair {
             ));
         }
         let (pdid, d) = (pd.inner.id, xrcd.id);
-        let qpn = ctx.dev().create_qp(&QpConfig {
+        let via = xrcd.dev();
+        let qpn = via.as_ref().unwrap_or_else(|| ctx.dev()).create_qp(&QpConfig {
             pd: pdid,
             qp_type: QpType::XrcRecv,
             send_cq: 0,
@@ -238,6 +247,7 @@ impl QueuePair {
             _recv_cq: None,
             _srq: None,
             _xrcd: Some(xrcd.clone()),
+            via,
             groups: parking_lot::Mutex::new(Vec::new()),
         })
     }
@@ -252,7 +262,7 @@ impl QueuePair {
     pub fn attach_mcast(&self, gid: Gid, _lid: u16) -> Result<(), VerbsError> {
         let qpn = self.qpn;
         let port = self.query().map_or(1, |(a, _)| a.port_num);
-        self.pd.ctx.dev().attach_mcast(qpn, gid, port)?;
+        self.dev().attach_mcast(qpn, gid, port)?;
         self.groups.lock().push((gid, port));
         Ok(())
     }
@@ -266,7 +276,7 @@ impl QueuePair {
         let mut groups = self.groups.lock();
         let i = groups.iter().position(|(g, _)| *g == gid);
         let port = i.map_or(1, |i| groups[i].1);
-        self.pd.ctx.dev().detach_mcast(qpn, gid, port)?;
+        self.dev().detach_mcast(qpn, gid, port)?;
         if let Some(i) = i {
             groups.swap_remove(i);
         }
@@ -277,7 +287,7 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let dev = self.pd.ctx.dev();
+        let dev = self.dev();
         for (gid, port) in self.groups.lock().drain(..) {
             let _ = dev.detach_mcast(qpn, gid, port);
         }

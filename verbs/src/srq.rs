@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
+use crate::provider::Provider;
 use crate::wr::RecvWr;
 
 pub use crate::soft::engine::SrqState as SrqAttr;
@@ -33,13 +34,22 @@ impl Default for SrqInitAttr {
 pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     pub(crate) id: u32,
+    /// The provider the SRQ lives on when it is not the PD's device (an XRC SRQ of a
+    /// shared domain hosted by another soft device).
+    via: Option<Arc<dyn Provider>>,
+}
+
+impl SrqInner {
+    fn dev(&self) -> &Arc<dyn Provider> {
+        self.via.as_ref().unwrap_or_else(|| self.pd.ctx.dev())
+    }
 }
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
         // QPs hold a reference to their SRQ, so none is left when this runs.
-        let _ = self.pd.ctx.dev().destroy_srq(id);
+        let _ = self.dev().destroy_srq(id);
     }
 }
 
@@ -62,7 +72,17 @@ impl SharedReceiveQueue {
         xrc: Option<(u32, u32)>,
         a: &SrqInitAttr,
     ) -> Result<Self, VerbsError> {
-        let dev = pd.inner.ctx.dev();
+        Self::create_on(pd, None, xrc, a)
+    }
+
+    /// As [`create`](Self::create), on provider `via` instead of the PD's device.
+    pub(crate) fn create_on(
+        pd: &ProtectionDomain,
+        via: Option<Arc<dyn Provider>>,
+        xrc: Option<(u32, u32)>,
+        a: &SrqInitAttr,
+    ) -> Result<Self, VerbsError> {
+        let dev = via.as_ref().unwrap_or_else(|| pd.inner.ctx.dev());
         let id = dev.create_srq(pd.inner.id, xrc, a.max_wr, a.max_sge)?;
         if a.srq_limit > 0
             && let Err(e) = dev.modify_srq(id, None, Some(a.srq_limit))
@@ -74,6 +94,7 @@ impl SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: pd.inner.clone(),
                 id,
+                via,
             }),
         })
     }
@@ -88,7 +109,7 @@ impl SharedReceiveQueue {
     /// `QueueFull` when `max_wr` WQEs are posted, `TooManySge` above `max_sge`.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
         let id = self.inner.id;
-        self.inner.pd.ctx.dev().post_srq_recv(id, wr)
+        self.inner.dev().post_srq_recv(id, wr)
     }
 
     /// Arms the limit event: when a WQE is taken and fewer than `limit` remain, the context
@@ -99,7 +120,7 @@ impl SharedReceiveQueue {
     /// `InvalidAttribute` when `limit` exceeds `max_wr`.
     pub fn arm_limit(&self, limit: u32) -> Result<(), VerbsError> {
         let id = self.inner.id;
-        self.inner.pd.ctx.dev().modify_srq(id, None, Some(limit))
+        self.inner.dev().modify_srq(id, None, Some(limit))
     }
 
     /// Grows the queue (`ibv_modify_srq` with `IBV_SRQ_MAX_WR`).
@@ -108,7 +129,7 @@ impl SharedReceiveQueue {
     /// `InvalidAttribute` when smaller than the WQEs posted or above the device limit.
     pub fn resize(&self, max_wr: u32) -> Result<(), VerbsError> {
         let id = self.inner.id;
-        self.inner.pd.ctx.dev().modify_srq(id, Some(max_wr), None)
+        self.inner.dev().modify_srq(id, Some(max_wr), None)
     }
 
     /// Current attributes (`ibv_query_srq`).
@@ -118,8 +139,6 @@ impl SharedReceiveQueue {
     pub fn query(&self) -> Result<SrqAttr, VerbsError> {
         let id = self.inner.id;
         self.inner
-            .pd
-            .ctx
             .dev()
             .query_srq(id)
             .ok_or(VerbsError::NoSuchObject("SRQ"))

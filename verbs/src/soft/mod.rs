@@ -16,6 +16,7 @@ pub mod wire;
 
 pub(crate) mod driver;
 mod provider;
+pub(crate) mod xrcd;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

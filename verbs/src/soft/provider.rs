@@ -9,7 +9,7 @@ use super::driver::{self, ChannelInner, Shared};
 use super::engine::{AsyncEvent, QpConfig, SrqState};
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
-use crate::provider::{Provider, SoftStats};
+use crate::provider::{Provider, SharedXrcd, SoftStats};
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, Qpn,
     WorkCompletion,
@@ -122,12 +122,37 @@ impl Provider for Shared {
         mem: &Arc<RegisteredMemory>,
         access: AccessFlags,
     ) -> Result<(u32, u32), VerbsError> {
-        // One key serves as both lkey and rkey.
-        let key = self.with_nic(|n, _| n.reg_mr(pd, mem.clone(), access));
-        Ok((key, key))
+        // One key serves as both lkey and rkey. With shared XRC domains joined, the
+        // registration is mirrored into each host under the same key (a key the host
+        // already uses is drawn again).
+        let clients = self.xrc_links().clients();
+        'draw: for _ in 0..16 {
+            let key = self.with_nic(|n, _| n.reg_mr(pd, mem.clone(), access));
+            for (i, c) in clients.iter().enumerate() {
+                let ok = c.mirror_mr(key, pd, mem.addr(), mem.len() as u64, access);
+                if !matches!(ok, Ok(true)) {
+                    for c in &clients[..i] {
+                        c.unmirror_mr(key);
+                    }
+                    self.with_nic(|n, _| n.dereg_mr(key));
+                    match ok {
+                        Ok(_) => continue 'draw,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            return Ok((key, key));
+        }
+        Err(VerbsError::ResourceExhausted(
+            "memory keys (every key drawn was taken in a shared XRC domain)",
+        ))
     }
 
     fn dereg_mr(&self, key: u32) {
+        // The hosts first: once they answer, none of them writes to the memory any more.
+        for c in self.xrc_links().clients() {
+            c.unmirror_mr(key);
+        }
         self.with_nic(|n, _| n.dereg_mr(key));
     }
 
@@ -243,5 +268,17 @@ impl Provider for Shared {
 
     fn alloc_xrcd(&self) -> Result<u32, VerbsError> {
         Ok(self.with_nic(|n, _| n.alloc_xrcd()))
+    }
+
+    fn open_xrcd_file(&self, path: &std::path::Path) -> Result<SharedXrcd, VerbsError> {
+        let me = self.arc().ok_or(VerbsError::NoSuchObject("device"))?;
+        Ok(match crate::soft::xrcd::open(&me, path)? {
+            crate::soft::xrcd::Attached::Host(x) => SharedXrcd::Local(x),
+            crate::soft::xrcd::Attached::Member(c) => SharedXrcd::Remote {
+                xrcd: c.xrcd(),
+                ports: c.ports().to_vec(),
+                link: c,
+            },
+        })
     }
 }

@@ -115,6 +115,8 @@ struct RxState {
 /// A running soft device.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// This device, for the objects that refer back to it.
+    me: Weak<Shared>,
     nic: Mutex<Nic>,
     tx: Mutex<TxBatch>,
     rx: Mutex<RxState>,
@@ -142,6 +144,8 @@ pub(crate) struct Shared {
     tx_unreachable: AtomicU64,
     gso: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Shared XRC domains this device hosts or is a member of.
+    xrc: crate::soft::xrcd::Links,
 }
 
 /// The active MTU of a port bound to `ip`: the largest IB MTU that, with the 96 bytes of
@@ -250,7 +254,10 @@ impl Shared {
             .map(|n| port_active_mtu(n.as_deref()))
             .collect();
         let io = |op| move |source| VerbsError::Io { op, source };
-        let shared = Arc::new(Self {
+        let wake = EventFd::new().map_err(io("eventfd"))?;
+        let event_fd = EventFd::new().map_err(io("eventfd"))?;
+        let shared = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             nic: Mutex::new(Nic::new(cfg)),
             tx: Mutex::new(TxBatch::default()),
             rx: Mutex::new(RxState {
@@ -265,14 +272,14 @@ impl Shared {
             addrs: bound,
             epoch: clock::monotonic(),
             last_poll: AtomicU64::new(0),
-            wake: EventFd::new().map_err(io("eventfd"))?,
+            wake,
             shutdown: AtomicBool::new(false),
             faults,
             groups: Mutex::new(Vec::new()),
             group_count: std::sync::atomic::AtomicUsize::new(0),
             channels: Mutex::new(HashMap::new()),
             events: Mutex::new(VecDeque::new()),
-            event_fd: EventFd::new().map_err(io("eventfd"))?,
+            event_fd,
             tx_errors: AtomicU64::new(0),
             port_down: AtomicU64::new(0),
             links_seen_up: AtomicU64::new(0),
@@ -280,6 +287,7 @@ impl Shared {
             tx_unreachable: AtomicU64::new(0),
             gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
             thread: Mutex::new(None),
+            xrc: crate::soft::xrcd::Links::default(),
         });
         let weak = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
@@ -288,6 +296,16 @@ impl Shared {
             .map_err(io("spawn engine thread"))?;
         *shared.thread.lock() = Some(handle);
         Ok(shared)
+    }
+
+    /// This device as an `Arc` (`None` while it is being dropped).
+    pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
+        self.me.upgrade()
+    }
+
+    /// The shared XRC domains of this device.
+    pub(crate) fn xrc_links(&self) -> &crate::soft::xrcd::Links {
+        &self.xrc
     }
 
     /// Local addresses of the ports.
@@ -451,6 +469,11 @@ impl Shared {
         while let Some(e) = nic.poll_event() {
             events.push(e);
         }
+        let hosting = self.xrc.hosting();
+        let mut forwarded = Vec::new();
+        if hosting {
+            nic.take_forwarded(&mut forwarded);
+        }
         drop(nic);
         let pcap = pcap();
         let TxBatch { bufs, meta } = &mut *tx;
@@ -539,6 +562,10 @@ impl Shared {
             i = j;
         }
         meta.clear();
+        // Still under the TX lock, so forwarded completions keep the NIC's order.
+        if hosting && (!forwarded.is_empty() || !events.is_empty()) {
+            self.xrc.forward(&mut forwarded, &mut events);
+        }
         drop(tx);
         self.track_ports(sent_ok & !link_err, link_err, now);
         if !notify.is_empty() {
@@ -741,6 +768,7 @@ impl Drop for Shared {
 
 /// Stops the engine thread of a device that is being closed.
 pub(crate) fn shutdown(shared: &Shared) {
+    shared.xrc.shutdown();
     shared.shutdown.store(true, Ordering::Relaxed);
     shared.wake.signal();
     let handle = shared.thread.lock().take();

@@ -466,3 +466,37 @@ pub(crate) fn interface_of(ip: std::net::IpAddr) -> Option<String> {
     unsafe { libc::freeifaddrs(head) };
     name.filter(|n| !n.contains('/') && !n.contains(".."))
 }
+
+/// The process id of the peer of a connected Unix socket (`SO_PEERCRED`), as the kernel
+/// recorded it at `connect`.
+pub(crate) fn peer_pid(fd: RawFd) -> io::Result<libc::pid_t> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live locals of the size passed; the kernel writes at
+    // most `len` bytes into `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+/// Lets any process of this user attach to (and so read and write the memory of) this
+/// process where Yama restricts ptrace to descendants (`PR_SET_PTRACER_ANY`). A member of a
+/// shared XRC domain does this so that the host can reach its registered memory.
+pub(crate) fn allow_ptrace_by_any() {
+    // SAFETY: PR_SET_PTRACER takes plain integer arguments and touches no memory of ours.
+    let _ = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+}

@@ -20,6 +20,7 @@
 //! counted in [`NicCounters`], or answered with a NAK; nothing on the network path panics.
 
 mod apm;
+mod foreign;
 mod qp;
 mod requester;
 mod responder;
@@ -318,6 +319,11 @@ pub(crate) struct Resources {
     cq_notify: VecDeque<u32>,
     pub(crate) counters: NicCounters,
     pub(crate) rng: Rng,
+    /// CQs standing in for another process's CQs (a shared XRC domain this NIC hosts):
+    /// their completions are handed to the driver instead of being queued.
+    forward_cqs: std::collections::HashSet<u32>,
+    /// Completions for forwarding CQs: (CQ, completion, solicited).
+    forwarded: Vec<(u32, WorkCompletion, bool)>,
 }
 
 impl Resources {
@@ -374,6 +380,10 @@ impl Resources {
     /// Delivers a completion to CQ `cq`. `solicited` marks completions that satisfy a
     /// solicited-only notification request.
     pub(crate) fn complete(&mut self, cq: u32, wc: WorkCompletion, solicited: bool) {
+        if !self.forward_cqs.is_empty() && self.forward_cqs.contains(&cq) {
+            self.forwarded.push((cq, wc, solicited));
+            return;
+        }
         let Some(c) = self.cqs.get_mut(&cq) else {
             return;
         };
@@ -429,6 +439,8 @@ impl Nic {
                 mcast: HashMap::new(),
                 events: VecDeque::new(),
                 cq_notify: VecDeque::new(),
+                forward_cqs: std::collections::HashSet::new(),
+                forwarded: Vec::new(),
                 counters: NicCounters::default(),
                 rng,
             },

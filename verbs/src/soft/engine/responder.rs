@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::qp::{Qp, RecvWqe};
 use super::{AsyncEvent, Resources, Seg, Transmit, scatter};
@@ -531,16 +530,20 @@ impl Qp {
             self.responder_error(res, psn, Violation::RemoteAccess);
             return;
         };
-        let Some(word) = mem.atomic_u64(off) else {
+        if !off.is_multiple_of(8) || off + 8 > mem.len() || mem.is_read_only() {
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
-        };
+        }
         let orig = if hdr.bth.opcode.operation() == Opcode::RC_COMPARE_SWAP.0 {
-            match word.compare_exchange(a.compare, a.swap_add, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            }
+            mem.compare_swap(off, a.compare, a.swap_add)
         } else {
-            word.fetch_add(a.swap_add, Ordering::SeqCst)
+            mem.fetch_add(off, a.swap_add)
+        };
+        // Only foreign memory (another process's, through a shared XRC domain) can fail
+        // here: its owner unmapped it.
+        let Some(orig) = orig else {
+            self.responder_error(res, psn, Violation::RemoteAccess);
+            return;
         };
         self.resp
             .remember(RdAtomic::Atomic { psn, orig }, self.attr.max_dest_rd_atomic);

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use super::qp::{Qp, RecvWqe};
 use super::{AsyncEvent, Nic, Resources};
 use crate::error::{PostError, VerbsError};
-use crate::types::{QpState, WcOpcode, WcStatus};
+use crate::types::{QpState, QpType, WcOpcode, WcStatus};
 use crate::wr::RecvWr;
 
 /// Largest SRQ depth.
@@ -105,12 +105,23 @@ impl Nic {
         Ok(id)
     }
 
-    /// Destroys an SRQ; fails while a QP still uses it.
+    /// Destroys an SRQ; fails while a QP created on it still exists. XRC target QPs are not
+    /// tied to an SRQ (each message names one), so they do not hold it: one that last
+    /// delivered into it forgets it, and a later message naming it gets a NAK.
     pub fn destroy_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
-        if self.qps.values().any(|q| q.srq == Some(srq)) {
+        if self
+            .qps
+            .values()
+            .any(|q| q.srq == Some(srq) && q.qp_type != QpType::XrcRecv)
+        {
             return Err(VerbsError::InvalidArgument(
                 "the shared receive queue is still used by a queue pair".into(),
             ));
+        }
+        for q in self.qps.values_mut() {
+            if q.srq == Some(srq) {
+                q.srq = None;
+            }
         }
         self.res
             .srqs
