@@ -215,7 +215,14 @@ impl RegisteredMemory {
     }
 
     /// Copies between this process and foreign memory at `offset` (`write`: into it).
-    fn foreign_copy(&self, pid: libc::pid_t, offset: usize, buf: *mut u8, len: usize, write: bool) -> bool {
+    fn foreign_copy(
+        &self,
+        pid: libc::pid_t,
+        offset: usize,
+        buf: *mut u8,
+        len: usize,
+        write: bool,
+    ) -> bool {
         if self.revoked.load(Ordering::Acquire) {
             return false;
         }
@@ -226,7 +233,11 @@ impl RegisteredMemory {
                 iov_len: len - done,
             };
             let remote = libc::iovec {
-                iov_base: self.ptr.as_ptr().wrapping_add(offset + done).cast::<libc::c_void>(),
+                iov_base: self
+                    .ptr
+                    .as_ptr()
+                    .wrapping_add(offset + done)
+                    .cast::<libc::c_void>(),
                 iov_len: len - done,
             };
             // SAFETY: `local` describes `len - done` bytes of a live buffer the caller owns

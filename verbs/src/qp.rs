@@ -148,9 +148,7 @@ impl QueuePair {
     /// `NoSuchObject` if the device lost the QP (never in normal operation).
     pub fn query(&self) -> Result<(QpAttr, QpCap), VerbsError> {
         let qpn = self.qpn;
-        self.pd
-            .ctx
-            .dev()
+        self.dev()
             .query_qp(qpn)
             .ok_or(VerbsError::NoSuchObject("queue pair"))
     }
@@ -167,9 +165,7 @@ impl QueuePair {
     /// See [`PostError`]: wrong state, full queue, too many SGEs, inline too long, malformed.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
         let qpn = self.qpn;
-        self.pd
-            .ctx
-            .dev()
+        self.dev()
             .post_send(qpn, std::slice::from_ref(wr))
             .map_err(|(_, e)| e)
     }
@@ -225,20 +221,23 @@ impl QueuePair {
         }
         let (pdid, d) = (pd.inner.id, xrcd.id);
         let via = xrcd.dev();
-        let qpn = via.as_ref().unwrap_or_else(|| ctx.dev()).create_qp(&QpConfig {
-            pd: pdid,
-            qp_type: QpType::XrcRecv,
-            send_cq: 0,
-            recv_cq: 0,
-            cap: QpCap {
-                max_send_wr: 0,
-                max_recv_wr: 0,
-                ..QpCap::default()
-            },
-            sq_sig_all: false,
-            srq: None,
-            xrcd: Some(d),
-        })?;
+        let qpn = via
+            .as_ref()
+            .unwrap_or_else(|| ctx.dev())
+            .create_qp(&QpConfig {
+                pd: pdid,
+                qp_type: QpType::XrcRecv,
+                send_cq: 0,
+                recv_cq: 0,
+                cap: QpCap {
+                    max_send_wr: 0,
+                    max_recv_wr: 0,
+                    ..QpCap::default()
+                },
+                sq_sig_all: false,
+                srq: None,
+                xrcd: Some(d),
+            })?;
         Ok(Self {
             pd: pd.inner.clone(),
             qpn,

@@ -14,3 +14,4 @@ mod rc;
 mod srq;
 mod ud;
 mod xrc;
+mod xrc_shared;

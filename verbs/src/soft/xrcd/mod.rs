@@ -1,0 +1,164 @@
+//! XRC domains shared between processes (`ibv_open_xrcd` with a file).
+//!
+//! On hardware, processes that open the same file get the same XRC domain: a target QP one
+//! of them creates delivers into XRC SRQs of all of them, so a remote node needs one
+//! connection per node rather than per process. The soft provider is a NIC per process,
+//! so one of those NICs has to do the delivering:
+//!
+//! * The first process to open the file **hosts** the domain: its soft NIC owns the
+//!   domain's target QPs and XRC SRQs and is where remote initiators send. It listens on an
+//!   abstract Unix socket named after the file's device and inode.
+//! * Every later process (or another device of the same process) is a **member**: it
+//!   connects to that socket. Its XRC SRQs and targets are created in the host's NIC, its
+//!   memory registrations are mirrored there under the member's own keys, and the host
+//!   reads and writes the member's registered memory with `process_vm_readv` /
+//!   `process_vm_writev` (the soft equivalent of DMA). Receive completions and events for
+//!   the member's objects are forwarded to it and injected into its own CQs, so the member
+//!   polls them like any other completion.
+//!
+//! What differs from hardware: the domain lives as long as its host's device. When the
+//! host closes its device or dies, members see `SrqError` for their XRC SRQs and
+//! `QpFatal` for their targets, and the file's next opener starts a new, empty domain.
+//! Reaching another process's memory needs ptrace permission over it (same user, and a
+//! Yama `ptrace_scope` of 0, or root); a member allows its host explicitly with
+//! `PR_SET_PTRACER` where Yama is active.
+
+mod client;
+mod host;
+pub(crate) mod proto;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use socket2::{Domain, SockAddr, Socket, Type};
+
+pub(crate) use client::Client;
+pub(crate) use host::Host;
+
+use super::driver::Shared;
+use crate::error::VerbsError;
+use crate::soft::engine::AsyncEvent;
+use crate::types::WorkCompletion;
+
+/// The shared domains a device hosts or is a member of.
+#[derive(Debug, Default)]
+pub(crate) struct Links {
+    hosts: Mutex<Vec<Arc<Host>>>,
+    clients: Mutex<Vec<Weak<Client>>>,
+    hosting: std::sync::atomic::AtomicBool,
+}
+
+impl Links {
+    /// True once the device hosts a shared domain (completions may need forwarding).
+    pub(crate) fn hosting(&self) -> bool {
+        self.hosting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Hands forwarded completions and the events about members' objects to the hosts.
+    pub(crate) fn forward(
+        &self,
+        fwd: &mut Vec<(u32, WorkCompletion, bool)>,
+        events: &mut Vec<AsyncEvent>,
+    ) {
+        let hosts = self.hosts.lock().clone();
+        for h in hosts {
+            h.forward(fwd, events);
+        }
+        fwd.clear();
+    }
+
+    /// The live member links.
+    pub(crate) fn clients(&self) -> Vec<Arc<Client>> {
+        let mut v = self.clients.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Stops hosting (the device is closing).
+    pub(crate) fn shutdown(&self) {
+        for h in self.hosts.lock().drain(..) {
+            h.stop();
+        }
+    }
+}
+
+/// How a device is attached to a shared domain.
+#[derive(Debug, Clone)]
+pub(crate) enum Attached {
+    /// This device hosts the domain, whose handle in its NIC is the value.
+    Host(u32),
+    /// This device is a member through the link.
+    Member(Arc<Client>),
+}
+
+/// The abstract socket name for the domain file at `path` (created if missing).
+fn socket_name(path: &Path) -> Result<Vec<u8>, VerbsError> {
+    let io = |op| move |source| VerbsError::Io { op, source };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io("open XRC domain file"))?;
+    let m = f.metadata().map_err(io("stat XRC domain file"))?;
+    Ok(format!("\0rdmx-xrcd-{:x}-{:x}", m.dev(), m.ino()).into_bytes())
+}
+
+/// Opens the shared domain of the file at `path` on device `dev`: hosts it if nobody does
+/// yet, joins it otherwise.
+pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsError> {
+    let name = socket_name(path)?;
+    let io = |op| move |source| VerbsError::Io { op, source };
+    let addr = SockAddr::unix(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name))
+        .map_err(io("XRC domain socket name"))?;
+    // Already attached through this device?
+    for h in dev.xrc_links().hosts.lock().iter() {
+        if h.name() == name.as_slice() {
+            return Ok(Attached::Host(h.xrcd()));
+        }
+    }
+    for c in dev.xrc_links().clients() {
+        if c.name() == name.as_slice() && !c.is_gone() {
+            return Ok(Attached::Member(c));
+        }
+    }
+    let mut last = None;
+    for _ in 0..5 {
+        let s = Socket::new(Domain::UNIX, Type::SEQPACKET.cloexec(), None)
+            .map_err(io("XRC domain socket"))?;
+        match s.bind(&addr) {
+            Ok(()) => {
+                s.listen(64)
+                    .map_err(io("listen on the XRC domain socket"))?;
+                let host = Host::start(dev, s, name)?;
+                let xrcd = host.xrcd();
+                let links = dev.xrc_links();
+                links.hosts.lock().push(host);
+                links
+                    .hosting
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                return Ok(Attached::Host(xrcd));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {}
+            Err(e) => return Err(io("bind the XRC domain socket")(e)),
+        }
+        let c = Socket::new(Domain::UNIX, Type::SEQPACKET.cloexec(), None)
+            .map_err(io("XRC domain socket"))?;
+        match c.connect(&addr) {
+            Ok(()) => {
+                let client = Client::join(dev, c, name)?;
+                dev.xrc_links().clients.lock().push(Arc::downgrade(&client));
+                return Ok(Attached::Member(client));
+            }
+            // The host went away between the two calls: try to become the host.
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(VerbsError::Io {
+        op: "join the shared XRC domain",
+        source: last.unwrap_or_else(|| std::io::Error::other("no host")),
+    })
+}
