@@ -69,7 +69,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// Version of the bootstrap protocol; both sides must agree.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
@@ -173,6 +173,13 @@ pub struct EndpointInfo {
     /// XRC: the target queue pair the sender created (or already had) for the peer's
     /// initiator; `None` in a `Hello` and for RC.
     pub xrc_target: Option<u32>,
+    /// XRC: where this side's node's target queue pairs receive, when that is not
+    /// `primary` (soft provider: an XRC domain hosted by another process of the node).
+    pub xrc_target_path: Option<PathInfo>,
+    /// XRC: the target queue pair of the peer's node that this side's initiator already
+    /// sends to (connected for another endpoint, possibly to another process of that
+    /// node); the peer uses it instead of making a new one.
+    pub xrc_in_use: Option<u32>,
 }
 
 /// One message of the bootstrap exchange.
@@ -995,6 +1002,8 @@ mod tests {
             node_id: 0x0123_4567_89ab_cdef,
             tag: 0xFFFF,
             xrc_target: Some(0x00AB_CDEF),
+            xrc_target_path: None,
+            xrc_in_use: Some(7),
         }
     }
 

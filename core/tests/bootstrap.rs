@@ -103,6 +103,8 @@ fn info(qpn: u32) -> EndpointInfo {
         node_id: 0x1234,
         tag: 7,
         xrc_target: None,
+        xrc_target_path: None,
+        xrc_in_use: None,
     }
 }
 

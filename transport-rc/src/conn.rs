@@ -264,6 +264,8 @@ pub(crate) fn register(
         node_id: xrc.map_or(0, |n| n.id),
         tag: key as u32,
         xrc_target: None,
+        xrc_target_path: xrc.and_then(|n| n.target_path()),
+        xrc_in_use: None,
     };
     st.eps.insert(Ep {
         id,

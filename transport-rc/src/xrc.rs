@@ -24,10 +24,17 @@
 //! both nodes, initiators and targets are armed with an alternate path, as RC endpoints are:
 //! an initiator migrates when its local port fails or its retries run out, a target follows
 //! when the peer's initiator arrives on the alternate path with MigReq = 1, and the endpoints
-//! sharing an initiator all report `PathMigrated`. Processes cannot
-//! share an XRC domain on the soft provider (each process is its own NIC), so a node is a set
-//! of contexts in one process (thread groups, as DESIGN.md puts it); on hardware the domain
-//! could also be shared between processes through a file, which is not done yet.
+//! sharing an initiator all report `PathMigrated`.
+//!
+//! A node is either the contexts of one process ([`Node::open`]) or of every process that
+//! opens the node with the same domain file ([`Node::open_shared`], `ibv_open_xrcd` with a
+//! file). Across processes, the node's targets are shared too: each side says in the
+//! exchange which target of the other's node its initiator already sends to
+//! (`xrc_in_use`), and the other side then uses that target, whichever process of its node
+//! created it, instead of making one. On the soft provider the domain's targets receive at
+//! the process hosting the domain, which every side announces (`xrc_target_path`); an
+//! initiator towards such a node is connected without an alternate path (the host's second
+//! port is not announced yet).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
@@ -58,8 +65,24 @@ pub(crate) struct NodeInner {
     pub(crate) pd: ProtectionDomain,
     pub(crate) xrcd: XrcDomain,
     pub(crate) id: u64,
-    /// Target queue pairs by (remote node, remote initiator QP number).
+    /// Target queue pairs this process created, by (remote node, remote initiator QP
+    /// number).
     targets: Mutex<HashMap<(u64, u32), QueuePair>>,
+}
+
+impl NodeInner {
+    /// Where the node's targets receive, when another process hosts the domain.
+    pub(crate) fn target_path(&self) -> Option<PathInfo> {
+        if !self.xrcd.is_remote() {
+            return None;
+        }
+        let a = self.xrcd.target_addr(1).ok()?;
+        Some(PathInfo {
+            gid: rdmx_verbs::Gid::from_ip(a.ip()).0,
+            udp_port: a.port(),
+            port_num: 1,
+        })
+    }
 }
 
 impl Node {
@@ -79,18 +102,47 @@ impl Node {
         Self::from_context(Device::open_with(device, options)?)
     }
 
+    /// Opens `device` and joins the node shared by every process that opens it with the
+    /// same `domain_file` (created if missing): their contexts share one connection per
+    /// remote node, initiators and targets alike. On the soft provider the first process to
+    /// open the file hosts the domain for the others, and the node ends with that process
+    /// (the others' XRC endpoints then fail); see `Context::open_xrcd_file` in rdmx-verbs.
+    ///
+    /// # Errors
+    /// `Verbs` when the device or the domain cannot be opened or the device has no XRC.
+    pub fn open_shared(device: &str, domain_file: impl AsRef<std::path::Path>) -> Result<Self> {
+        Self::with_domain(Device::open(device)?, Some(domain_file.as_ref()))
+    }
+
     fn from_context(vctx: rdmx_verbs::Context) -> Result<Self> {
+        Self::with_domain(vctx, None)
+    }
+
+    fn with_domain(vctx: rdmx_verbs::Context, file: Option<&std::path::Path>) -> Result<Self> {
         if !vctx.query_device().xrc {
             return Err(Error::Config(format!("device {} has no XRC", vctx.name())));
         }
         let pd = vctx.alloc_pd()?;
-        let xrcd = vctx.open_xrcd()?;
+        let (xrcd, id) = match file {
+            None => (vctx.open_xrcd()?, crate::context::random_u64()),
+            Some(f) => {
+                let xrcd = vctx.open_xrcd_file(f)?;
+                // Every process of the node must announce the same node: name it after
+                // where its targets receive (the host's address) and the domain.
+                let at = xrcd.target_addr(1)?;
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in format!("{at}/{}", f.display()).bytes() {
+                    h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                }
+                (xrcd, h)
+            }
+        };
         Ok(Self {
             inner: Arc::new(NodeInner {
                 vctx,
                 pd,
                 xrcd,
-                id: crate::context::random_u64(),
+                id,
                 targets: Mutex::new(HashMap::new()),
             }),
         })
@@ -101,7 +153,8 @@ impl Node {
         self.inner.id
     }
 
-    /// Target queue pairs on this node (one per remote initiator).
+    /// Target queue pairs this process created on the node (one per remote initiator;
+    /// with a node shared by processes, each target is created by one of them).
     pub fn target_qps(&self) -> usize {
         self.inner.targets.lock().len()
     }
@@ -113,6 +166,8 @@ pub(crate) struct Initiator {
     pub(crate) qp: Arc<QueuePair>,
     pub(crate) psn: u32,
     pub(crate) connected: bool,
+    /// The remote node's target it sends to, once connected.
+    pub(crate) target: u32,
 }
 
 /// Creates an initiator queue pair (moved to INIT).
@@ -156,6 +211,11 @@ pub(crate) fn connect_initiator(
 pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> Result<u32> {
     let (peer_node, ini_qpn, ini_psn) = (peer.node_id, peer.qpn, peer.psn);
     let (path, alt_path, peer_mtu) = (&peer.primary, peer.alternate.as_ref(), peer.mtu);
+    // The peer's initiator already sends to a target of this node (made by this process
+    // or another one of the node for an earlier endpoint): use it.
+    if let Some(t) = peer.xrc_in_use {
+        return Ok(t);
+    }
     let mut targets = node.targets.lock();
     if let Some(t) = targets.get(&(peer_node, ini_qpn)) {
         return Ok(t.qp_num().0);
@@ -203,6 +263,7 @@ fn initiator_for(
             qp: Arc::clone(&qp),
             psn,
             connected: false,
+            target: 0,
         },
     );
     Ok((qp, psn, false))
@@ -217,15 +278,28 @@ fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInf
         ));
     };
     if !ini.connected {
-        connect_initiator(sh, ini, target, &peer.primary, peer.mtu)?;
+        // The peer node's targets receive at its domain's host when that is another process.
+        let path = peer.xrc_target_path.as_ref().unwrap_or(&peer.primary);
+        connect_initiator(sh, ini, target, path, peer.mtu)?;
         if sh.ports >= 2
+            && peer.xrc_target_path.is_none()
             && let Some(alt) = &peer.alternate
         {
             crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
         }
         ini.connected = true;
+        ini.target = target;
     }
     Ok(())
+}
+
+/// The target of `peer_node` this context's initiator already sends to, if connected.
+fn target_in_use(sh: &Shared, peer_node: u64) -> Option<u32> {
+    let st = sh.state.lock();
+    st.initiators
+        .get(&peer_node)
+        .filter(|i| i.connected)
+        .map(|i| i.target)
 }
 
 /// The last step of both sides: connect the shared initiator (if new) to the peer's
@@ -284,6 +358,7 @@ pub(crate) fn connect(
             qpn: ini.qp_num().0,
             psn: ini_psn,
             xrc_target: Some(my_target),
+            xrc_in_use: target_in_use(sh, peer.node_id),
             ..info
         };
         bootstrap::send_frame(&mut stream, &Frame::Hello(second), deadline)?;
@@ -313,6 +388,7 @@ pub(crate) fn accept(
         let accept = EndpointInfo {
             qpn: ini.qp_num().0,
             psn: ini_psn,
+            xrc_in_use: target_in_use(sh, hello.node_id),
             ..info
         };
         bootstrap::send_frame(&mut stream, &Frame::Accept(accept), deadline)?;

@@ -77,6 +77,8 @@ impl Rogue {
             node_id: 7,
             tag: 0,
             xrc_target: None,
+            xrc_target_path: None,
+            xrc_in_use: None,
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = bootstrap::connect(addr, deadline).unwrap();

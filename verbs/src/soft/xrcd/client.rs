@@ -206,13 +206,6 @@ impl Client {
         let _ = self.value(Request::DeregMr { key });
     }
 
-    /// Opens a target another process of the domain created (`ibv_open_qp`).
-    pub(crate) fn open_target(&self, qpn: Qpn) -> Result<(), VerbsError> {
-        self.value(Request::OpenTarget { qpn })?;
-        self.targets.lock().insert(qpn);
-        Ok(())
-    }
-
     /// The host went away: fails the waiting request and reports the member's objects.
     fn lost(&self) {
         self.gone.store(true, Ordering::Release);

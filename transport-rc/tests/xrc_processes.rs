@@ -1,0 +1,169 @@
+//! XRC across processes: one node made of two processes that open it with the same domain
+//! file (`Node::open_shared`), talking to a node of this process. The processes of the
+//! shared node share its targets, so the remote node's initiators need one target each on
+//! the whole node, not one per process.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use rdmx_core::Error;
+use rdmx_rc::{Context, Node};
+
+/// Contexts per process.
+const PER_PROC: usize = 2;
+
+fn contexts(node: &Node) -> Vec<Context> {
+    (0..PER_PROC)
+        .map(|_| {
+            Context::builder()
+                .node(node)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// One process of the shared node: `PER_PROC` listening contexts, each accepting one
+/// endpoint per context of the other node and echoing on it until it closes. Prints its
+/// listeners, then its queue-pair counts.
+#[test]
+#[ignore = "child process of one_node_shared_by_two_processes"]
+fn child_shared_node_process() {
+    let Ok(file) = std::env::var("RDMX_TEST_XRCD_FILE") else {
+        return;
+    };
+    let node = Node::open_shared("soft:127.0.0.1", &file).expect("shared node");
+    let ctxs = contexts(&node);
+    let listeners: Vec<_> = ctxs
+        .iter()
+        .map(|c| c.listen("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().to_string())
+        .collect();
+    println!("LISTEN {}", addrs.join(" "));
+    let acceptors: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                let mut echoers = Vec::new();
+                for _ in 0..PER_PROC {
+                    let ep = l.accept_timeout(Duration::from_secs(30)).expect("accept");
+                    echoers.push(std::thread::spawn(move || {
+                        loop {
+                            match ep.recv_timeout(Duration::from_secs(30)) {
+                                Ok(m) => {
+                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
+                                }
+                                Err(Error::Disconnected(_)) => break,
+                                Err(e) => panic!("echo: {e}"),
+                            }
+                        }
+                    }));
+                }
+                for e in echoers {
+                    e.join().expect("echo thread");
+                }
+            })
+        })
+        .collect();
+    for a in acceptors {
+        a.join().expect("acceptor");
+    }
+    let initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
+    println!(
+        "COUNTS initiators={initiators} targets={}",
+        node.target_qps()
+    );
+}
+
+fn counts(line: &str) -> (usize, usize) {
+    let num = |k: &str| -> usize {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {line:?}"))
+    };
+    (num("initiators="), num("targets="))
+}
+
+/// Two processes share node B through a domain file; this process is node A with two
+/// contexts. Every context of A connects to every context of B (8 endpoints) and exchanges
+/// messages of every protocol (inline, eager, rendezvous) with echoes, so messages, credit
+/// writes and rendezvous reads cross between B's processes through targets the other
+/// process created. Node B needs one target per initiator of A on the whole node (2), where
+/// two separate nodes would need 2 per process (4).
+#[test]
+fn one_node_shared_by_two_processes() {
+    let file = std::env::temp_dir().join(format!(
+        "rdmx-node-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let env = [("RDMX_TEST_XRCD_FILE", file.display().to_string())];
+    // The first process opens the file first and so hosts the domain; it is closed last.
+    let host = common::ChildProc::spawn("child_shared_node_process", &env);
+    let host_addrs = host.expect_line("LISTEN", Duration::from_secs(30));
+    let member = common::ChildProc::spawn("child_shared_node_process", &env);
+    let member_addrs = member.expect_line("LISTEN", Duration::from_secs(30));
+    let node = Node::open("soft:127.0.0.1").unwrap();
+    let ctxs = contexts(&node);
+    let mut to_host = Vec::new();
+    let mut to_member = Vec::new();
+    for (i, c) in ctxs.iter().enumerate() {
+        for (addrs, eps) in [(&host_addrs, &mut to_host), (&member_addrs, &mut to_member)] {
+            for a in addrs.split_whitespace() {
+                let ep = c
+                    .connect(a)
+                    .unwrap_or_else(|e| panic!("context {i} -> {a}: {e}"));
+                eps.push(ep);
+            }
+        }
+    }
+    for (k, ep) in to_member.iter().chain(&to_host).enumerate() {
+        for len in [3usize, 150, 3000, 40_000, 300_000] {
+            let data: Vec<u8> = (0..len)
+                .map(|j| (j as u8) ^ (k as u8).wrapping_mul(37))
+                .collect();
+            ep.send_timeout(&data, Duration::from_secs(20)).unwrap();
+            let back = ep.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert!(back[..] == data[..], "endpoint {k}, {len} bytes");
+        }
+    }
+    let a_initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
+    let a_targets = node.target_qps();
+    for ep in &to_member {
+        ep.close().unwrap();
+    }
+    let (m_ini, m_tgt) = counts(&member.expect_line("COUNTS", Duration::from_secs(30)));
+    member.wait_ok(Duration::from_secs(20));
+    for ep in &to_host {
+        ep.close().unwrap();
+    }
+    let (h_ini, h_tgt) = counts(&host.expect_line("COUNTS", Duration::from_secs(30)));
+    host.wait_ok(Duration::from_secs(20));
+    let _ = std::fs::remove_file(&file);
+    eprintln!(
+        "node A (1 process, {PER_PROC} contexts): {a_initiators} initiators + {a_targets} \
+         targets; node B (2 processes x {PER_PROC} contexts): {} initiators + {} targets \
+         (host process {h_tgt}, member {m_tgt}); RC would need {} queue pairs on B",
+        h_ini + m_ini,
+        h_tgt + m_tgt,
+        PER_PROC * 2 * PER_PROC
+    );
+    assert_eq!(a_initiators, PER_PROC, "A: one initiator per context");
+    assert_eq!(a_targets, 2 * PER_PROC, "A: one target per initiator of B");
+    assert_eq!(h_ini + m_ini, 2 * PER_PROC, "B: one initiator per context");
+    assert_eq!(
+        h_tgt + m_tgt,
+        PER_PROC,
+        "B: one target per initiator of A on the whole node"
+    );
+}
