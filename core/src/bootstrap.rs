@@ -493,6 +493,9 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
     if info.xrc_target.is_some_and(|q| q > MAX_24BIT) {
         return invalid("the XRC target qpn does not fit in 24 bits".into());
     }
+    if info.xrc_in_use.is_some_and(|q| q > MAX_24BIT) {
+        return invalid("the XRC target in use does not fit in 24 bits".into());
+    }
     if info.credits > MAX_CREDITS {
         return invalid(format!(
             "credits {} outside 0..={MAX_CREDITS}",
@@ -511,6 +514,9 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
     validate_path("primary", &info.primary)?;
     if let Some(alternate) = &info.alternate {
         validate_path("alternate", alternate)?;
+    }
+    if let Some(targets) = &info.xrc_target_path {
+        validate_path("XRC target", targets)?;
     }
     Ok(())
 }
@@ -1354,13 +1360,15 @@ mod tests {
                 any::<u64>(),
                 0..=0xFFFFu32,
                 proptest::option::of(0..=MAX_24BIT),
+                proptest::option::of(arb_path()),
+                proptest::option::of(0..=MAX_24BIT),
             ),
         )
             .prop_map(
                 |(
                     (transport, qpn, psn, mtu, primary, alternate, srq_nums),
                     (credits, mailbox_addr, mailbox_rkey, max_message, eager_limit, context_id),
-                    (node_id, tag, xrc_target),
+                    (node_id, tag, xrc_target, xrc_target_path, xrc_in_use),
                 )| EndpointInfo {
                     transport,
                     qpn,
@@ -1378,6 +1386,8 @@ mod tests {
                     node_id,
                     tag,
                     xrc_target,
+                    xrc_target_path,
+                    xrc_in_use,
                 },
             )
     }

@@ -17,14 +17,9 @@ use rdmx_verbs::{
 
 /// A fresh domain file for one test.
 fn domain_file(tag: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!(
-        "rdmx-xrcd-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("rdmx-xrcd-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_file(&p);
     p
 }

@@ -116,7 +116,7 @@ struct RxState {
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// This device, for the objects that refer back to it.
-    me: Weak<Shared>,
+    me: Weak<Self>,
     nic: Mutex<Nic>,
     tx: Mutex<TxBatch>,
     rx: Mutex<RxState>,
@@ -299,7 +299,7 @@ impl Shared {
     }
 
     /// This device as an `Arc` (`None` while it is being dropped).
-    pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
+    pub(crate) fn arc(&self) -> Option<Arc<Self>> {
         self.me.upgrade()
     }
 

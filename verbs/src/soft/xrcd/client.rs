@@ -157,7 +157,7 @@ impl Client {
             .write(&Frame::Request(req).encode())
             .map_err(|_| gone())?;
         let mut r = self.reply.lock();
-        let deadline = std::time::Instant::now() + RPC_TIMEOUT;
+        let deadline = crate::soft::driver::clock::monotonic() + RPC_TIMEOUT;
         while r.is_none() {
             if self.is_gone() {
                 return Err(gone());
