@@ -1077,7 +1077,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x01\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x02\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -1112,17 +1112,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v2 = header(2, 5);
+        let v3 = header(3, 5);
         assert!(matches!(
-            decode(&v2[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 1, theirs: 2 })
+            decode(&v3[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 2, theirs: 3 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v2[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v3[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v2).unwrap(),
+            decode_header(&v3).unwrap(),
             Some(Header {
-                version: 2,
+                version: 3,
                 payload_len: 5
             })
         );

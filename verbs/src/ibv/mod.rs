@@ -543,4 +543,22 @@ impl Provider for IbvDevice {
     fn alloc_xrcd(&self) -> Result<u32, VerbsError> {
         self.open_xrcd()
     }
+
+    fn open_xrcd_file(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<crate::provider::SharedXrcd, VerbsError> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| VerbsError::Io {
+                op: "open XRC domain file",
+                source,
+            })?;
+        let h = self.open_xrcd_fd(std::os::fd::AsRawFd::as_raw_fd(&f))?;
+        Ok(crate::provider::SharedXrcd::Local(h))
+    }
 }

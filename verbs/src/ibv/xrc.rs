@@ -86,12 +86,19 @@ fn not_supported() -> VerbsError {
 
 impl IbvDevice {
     pub(super) fn open_xrcd(&self) -> Result<u32, VerbsError> {
+        // No file: fd -1 and O_CREAT make a new, process-private domain (ibv_open_xrcd(3)).
+        self.open_xrcd_fd(-1)
+    }
+
+    /// Opens the domain tied to the file open on `fd` (created with the file's inode if
+    /// none is yet; `-1`: a private domain). The kernel keeps the association, so `fd` may
+    /// be closed afterwards.
+    pub(super) fn open_xrcd_fd(&self, fd: c_int) -> Result<u32, VerbsError> {
         let ctx = self.ctx;
         let open = op!(ctx, open_xrcd, OpenXrcd).ok_or_else(not_supported)?;
-        // No file: fd -1 and O_CREAT make a new, process-private domain (ibv_open_xrcd(3)).
         let mut init = ffi::ibv_xrcd_init_attr {
             comp_mask: ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS,
-            fd: -1,
+            fd,
             oflags: libc::O_CREAT,
         };
         // SAFETY: `ctx` is open and `init` a live, initialised attribute struct; the op was
