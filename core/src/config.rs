@@ -15,6 +15,7 @@
 //! | `busy_poll` | `RDMX_BUSY_POLL_US` | 50 µs |
 //! | `peer_timeout` | `RDMX_PEER_TIMEOUT_MS` | 2000 ms |
 //! | `connect_timeout` | `RDMX_CONNECT_TIMEOUT_MS` | 5000 ms |
+//! | `xrc_domain` | `RDMX_XRC_DOMAIN` (a file path) | none: an XRC context's node is its own |
 
 use std::time::Duration;
 
@@ -58,6 +59,10 @@ pub struct Config {
     pub peer_timeout: Duration,
     /// Deadline for connecting (TCP exchange plus queue pair set-up).
     pub connect_timeout: Duration,
+    /// XRC: the domain file of the node an XRC context built without an explicit node
+    /// joins (every process that names the same file is one node, sharing its connections
+    /// per remote node). `None`: the context is a node of its own. Unused by RC.
+    pub xrc_domain: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -75,6 +80,7 @@ impl Default for Config {
             busy_poll: Duration::from_micros(50),
             peer_timeout: Duration::from_millis(2000),
             connect_timeout: Duration::from_millis(5000),
+            xrc_domain: None,
         }
     }
 }
@@ -163,6 +169,7 @@ pub struct ConfigBuilder {
     busy_poll: Option<Duration>,
     peer_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
+    xrc_domain: Option<std::path::PathBuf>,
 }
 
 macro_rules! setter {
@@ -179,6 +186,11 @@ impl ConfigBuilder {
     /// Sets the device (`RDMX_DEVICE`).
     pub fn device(mut self, name: impl Into<String>) -> Self {
         self.device = Some(name.into());
+        self
+    }
+    /// Sets the XRC domain file of the node an XRC context joins (`RDMX_XRC_DOMAIN`).
+    pub fn xrc_domain(mut self, file: impl Into<std::path::PathBuf>) -> Self {
+        self.xrc_domain = Some(file.into());
         self
     }
     setter!(
@@ -315,6 +327,11 @@ impl ConfigBuilder {
                 num("RDMX_CONNECT_TIMEOUT_MS")?.map(Duration::from_millis),
                 d.connect_timeout,
             ),
+            xrc_domain: self.xrc_domain.or_else(|| {
+                env("RDMX_XRC_DOMAIN")
+                    .filter(|v| !v.is_empty())
+                    .map(std::path::PathBuf::from)
+            }),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -382,6 +399,29 @@ mod tests {
         assert_eq!(c.regcache_max, 0);
         assert_eq!(c.transport, TransportKind::Xrc);
         assert_eq!(c.busy_poll, Duration::ZERO);
+    }
+
+    #[test]
+    fn the_xrc_domain_comes_from_the_builder_or_the_environment() {
+        let none = ConfigBuilder::default().resolve_with(|_| None).unwrap();
+        assert_eq!(none.xrc_domain, None);
+        let env = env_of(&[("RDMX_XRC_DOMAIN", "/run/rdmx/node")]);
+        let c = ConfigBuilder::default().resolve_with(&env).unwrap();
+        assert_eq!(c.xrc_domain, Some("/run/rdmx/node".into()));
+        let c = ConfigBuilder::default()
+            .xrc_domain("/tmp/mine")
+            .resolve_with(&env)
+            .unwrap();
+        assert_eq!(c.xrc_domain, Some("/tmp/mine".into()));
+        let empty = env_of(&[("RDMX_XRC_DOMAIN", "")]);
+        assert_eq!(
+            ConfigBuilder::default()
+                .resolve_with(empty)
+                .unwrap()
+                .xrc_domain,
+            None,
+            "an empty variable is unset"
+        );
     }
 
     #[test]

@@ -93,6 +93,13 @@ impl ContextBuilder {
         connect_timeout: Duration
     );
 
+    /// XRC: join the node of every process that names the same domain file
+    /// (`RDMX_XRC_DOMAIN`; see [`Node::open_shared`]) instead of being a node of its own.
+    pub fn xrc_domain(mut self, file: impl Into<std::path::PathBuf>) -> Self {
+        self.cfg = self.cfg.xrc_domain(file);
+        self
+    }
+
     /// Options for opening the device (soft provider: a fault-injection plan). Without them
     /// the provider's own environment variables apply (`RDMX_FAULTS`).
     pub fn device_options(mut self, options: DeviceOptions) -> Self {
@@ -169,9 +176,11 @@ impl Context {
         let mut options = options;
         let node = match (cfg.transport, node) {
             (TransportKind::Xrc, Some(n)) => Some(n),
-            (TransportKind::Xrc, None) => Some(match options.take() {
-                Some(o) => Node::open_with(&cfg.device, o)?,
-                None => Node::open(&cfg.device)?,
+            (TransportKind::Xrc, None) => Some(match (options.take(), &cfg.xrc_domain) {
+                (Some(o), Some(f)) => Node::open_shared_with(&cfg.device, o, f)?,
+                (None, Some(f)) => Node::open_shared(&cfg.device, f)?,
+                (Some(o), None) => Node::open_with(&cfg.device, o)?,
+                (None, None) => Node::open(&cfg.device)?,
             }),
             (TransportKind::Rc, _) => None,
         };

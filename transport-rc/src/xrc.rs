@@ -114,6 +114,21 @@ impl Node {
         Self::with_domain(Device::open(device)?, Some(domain_file.as_ref()))
     }
 
+    /// [`open_shared`](Self::open_shared) with device options.
+    ///
+    /// # Errors
+    /// As `open_shared`.
+    pub fn open_shared_with(
+        device: &str,
+        options: DeviceOptions,
+        domain_file: impl AsRef<std::path::Path>,
+    ) -> Result<Self> {
+        Self::with_domain(
+            Device::open_with(device, options)?,
+            Some(domain_file.as_ref()),
+        )
+    }
+
     fn from_context(vctx: rdmx_verbs::Context) -> Result<Self> {
         Self::with_domain(vctx, None)
     }

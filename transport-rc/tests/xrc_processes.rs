@@ -167,3 +167,46 @@ fn one_node_shared_by_two_processes() {
         "B: one target per initiator of A on the whole node"
     );
 }
+
+/// `ContextBuilder::xrc_domain` (or `RDMX_XRC_DOMAIN`): contexts built without a node join
+/// the node of the domain file, each with a device of its own (the first hosts the domain).
+/// A context of another node reaches both through one initiator, and both answer.
+#[test]
+fn contexts_join_a_node_through_the_builder() {
+    let file = std::env::temp_dir().join(format!("rdmx-node-builder-{}", std::process::id()));
+    let b: Vec<Context> = (0..2)
+        .map(|_| {
+            Context::builder()
+                .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+                .xrc_domain(&file)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(b[0].config().xrc_domain.as_deref(), Some(file.as_path()));
+    let a = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .srq_depth(256)
+        .build()
+        .unwrap();
+    for (i, c) in b.iter().enumerate() {
+        let l = c.listen("127.0.0.1:0").unwrap();
+        let addr = l.local_addr();
+        let t = std::thread::spawn(move || l.accept_timeout(Duration::from_secs(20)).unwrap());
+        let ep = a.connect(addr).unwrap();
+        let peer = t.join().unwrap();
+        for len in [5usize, 2000, 100_000] {
+            let data = vec![i as u8 + 1; len];
+            ep.send_timeout(&data, Duration::from_secs(10)).unwrap();
+            let m = peer.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(m[..] == data[..], "context {i}, {len} bytes");
+            peer.send_timeout(&m, Duration::from_secs(10)).unwrap();
+            let back = ep.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(back[..] == data[..]);
+        }
+    }
+    assert_eq!(a.queue_pairs(), 1, "one initiator towards the shared node");
+    drop(b);
+    let _ = std::fs::remove_file(&file);
+}
