@@ -738,7 +738,7 @@ impl Shared {
     /// Called by a thread polling a CQ: claims reception for a while and makes progress.
     pub(crate) fn progress(&self) -> usize {
         self.last_poll.store(self.now().max(1), Ordering::Relaxed);
-        self.drain()
+        self.drain() + self.xrc.poll_members()
     }
 
     /// Called before a poller goes to sleep: hands reception back to the engine thread now.

@@ -500,3 +500,26 @@ pub(crate) fn allow_ptrace_by_any() {
     // SAFETY: PR_SET_PTRACER takes plain integer arguments and touches no memory of ours.
     let _ = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
 }
+
+/// Reads one message from a connected socket without blocking (`recv` with
+/// `MSG_DONTWAIT`): `Ok(None)` when none is queued, `Ok(Some(0))` at end of stream.
+pub(crate) fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    // SAFETY: `buf` is a live, writable buffer of `buf.len()` bytes for the whole call.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().cast::<libc::c_void>(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(Some(n as usize))
+}

@@ -36,6 +36,10 @@ pub(crate) struct Client {
     sock: Socket,
     /// One request in flight at a time.
     rpc: Mutex<()>,
+    /// Held while frames are read and dispatched (by the reader thread, or by a thread
+    /// busy-polling the member's device), so forwarded completions keep their order; holds
+    /// the receive buffer.
+    rx: Mutex<Vec<u8>>,
     reply: Mutex<Option<Reply>>,
     replied: Condvar,
     gone: AtomicBool,
@@ -91,14 +95,12 @@ impl Client {
         };
         sock.set_read_timeout(None)
             .map_err(io("XRC domain socket timeout"))?;
-        let reader = sock
-            .try_clone()
-            .map_err(io("clone the XRC domain socket"))?;
         let client = Arc::new(Self {
             dev: dev.clone(),
             name,
             sock,
             rpc: Mutex::new(()),
+            rx: Mutex::new(vec![0u8; proto::MAX_FRAME]),
             reply: Mutex::new(None),
             replied: Condvar::new(),
             gone: AtomicBool::new(false),
@@ -110,7 +112,7 @@ impl Client {
         let weak = Arc::downgrade(&client);
         std::thread::Builder::new()
             .name("rdmx-xrcd-member".into())
-            .spawn(move || read_loop(&weak, &reader))
+            .spawn(move || read_loop(&weak))
             .map_err(io("spawn the XRC domain reader"))?;
         for (key, pd, addr, len, access) in dev.with_nic(|n, _| n.local_mrs()) {
             if !client.mirror_mr(key, pd, addr, len, access)? {
@@ -228,38 +230,88 @@ impl Client {
     }
 }
 
-/// Reads the host's frames until the socket closes.
-fn read_loop(client: &Weak<Client>, sock: &Socket) {
-    let mut buf = vec![0u8; proto::MAX_FRAME];
-    loop {
-        let n = match (&*sock).read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
+/// What reading the socket found.
+enum Pumped {
+    /// This many frames were dispatched; none is left for now.
+    Frames(usize),
+    /// The host closed the connection, or sent something malformed.
+    Closed,
+}
+
+impl Client {
+    /// Reads and dispatches every frame queued on the socket, without blocking. The caller
+    /// holds `rx` (passed as `buf`).
+    fn drain_frames(&self, buf: &mut [u8]) -> Pumped {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
+        let mut n = 0;
+        loop {
+            let len = match crate::soft::driver::sys::recv_dontwait(fd, buf) {
+                Ok(None) => return Pumped::Frames(n),
+                Ok(Some(0)) | Err(_) => return Pumped::Closed,
+                Ok(Some(len)) => len,
+            };
+            match Frame::decode(&buf[..len]) {
+                Some(Frame::Reply(r)) => {
+                    *self.reply.lock() = Some(r);
+                    self.replied.notify_all();
+                }
+                Some(Frame::Push(Push::Completion { cq, wc, solicited })) => {
+                    self.dev
+                        .with_nic(|nic, _| nic.inject_completion(cq, wc, solicited));
+                }
+                Some(Frame::Push(Push::Event(e))) => {
+                    self.dev.with_nic(|nic, _| nic.inject_event(e));
+                }
+                _ => {
+                    tracing::warn!("malformed frame from the XRC domain host; leaving the domain");
+                    return Pumped::Closed;
+                }
+            }
+            n += 1;
+        }
+    }
+
+    /// Dispatches what the host sent, if no other thread is doing so: called by threads
+    /// busy-polling the member's device, so that forwarded completions do not wait for the
+    /// reader thread to wake up. Returns the frames dispatched.
+    pub(crate) fn poll(&self) -> usize {
+        let Some(mut buf) = self.rx.try_lock() else {
+            return 0;
         };
+        match self.drain_frames(&mut buf) {
+            Pumped::Frames(n) => n,
+            // The reader thread notices too and reports the loss.
+            Pumped::Closed => 0,
+        }
+    }
+}
+
+/// Waits for the host's frames and dispatches them until the socket closes.
+fn read_loop(client: &Weak<Client>) {
+    let Some(fd) = client
+        .upgrade()
+        .map(|c| std::os::fd::AsRawFd::as_raw_fd(&c.sock))
+    else {
+        return;
+    };
+    loop {
+        // The fd stays open while the client lives; once it is dropped, `upgrade` fails
+        // below (its Drop shut the socket down, which wakes this poll).
+        if crate::soft::driver::sys::poll_readable(&[fd], None).is_err() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let Some(c) = client.upgrade() else {
             return;
         };
-        match Frame::decode(&buf[..n]) {
-            Some(Frame::Reply(r)) => {
-                *c.reply.lock() = Some(r);
-                c.replied.notify_all();
-            }
-            Some(Frame::Push(Push::Completion { cq, wc, solicited })) => {
-                c.dev
-                    .with_nic(|n, _| n.inject_completion(cq, wc, solicited));
-            }
-            Some(Frame::Push(Push::Event(e))) => {
-                c.dev.with_nic(|n, _| n.inject_event(e));
-            }
-            _ => {
-                tracing::warn!("malformed frame from the XRC domain host; leaving the domain");
-                break;
-            }
+        let closed = {
+            let mut buf = c.rx.lock();
+            matches!(c.drain_frames(&mut buf), Pumped::Closed)
+        };
+        if closed {
+            let _ = c.sock.shutdown(Shutdown::Both);
+            c.lost();
+            return;
         }
-    }
-    if let Some(c) = client.upgrade() {
-        let _ = c.sock.shutdown(Shutdown::Both);
-        c.lost();
     }
 }
 

@@ -48,6 +48,8 @@ pub(crate) struct Links {
     hosts: Mutex<Vec<Arc<Host>>>,
     clients: Mutex<Vec<Weak<Client>>>,
     hosting: std::sync::atomic::AtomicBool,
+    /// True once the device joined a domain as a member (it may have frames to read).
+    member: std::sync::atomic::AtomicBool,
 }
 
 impl Links {
@@ -67,6 +69,15 @@ impl Links {
             h.forward(fwd, events);
         }
         fwd.clear();
+    }
+
+    /// Reads what the hosts of the domains this device is a member of sent, on the calling
+    /// (busy-polling) thread. Returns the frames dispatched.
+    pub(crate) fn poll_members(&self) -> usize {
+        if !self.member.load(std::sync::atomic::Ordering::Relaxed) {
+            return 0;
+        }
+        self.clients().iter().map(|c| c.poll()).sum()
     }
 
     /// The live member links.
