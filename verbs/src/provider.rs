@@ -93,6 +93,14 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     ) -> Result<u32, VerbsError>;
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError>;
     fn post_srq_recv(&self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError>;
+    /// Posts several receive WQEs in order; stops at the first that fails and returns its
+    /// index with the error (`ibv_post_srq_recv` with a list and `bad_wr`).
+    fn post_srq_recv_list(&self, srq: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_srq_recv(srq, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     fn modify_srq(
         &self,
         srq: u32,

@@ -112,6 +112,17 @@ impl SharedReceiveQueue {
         self.inner.dev().post_srq_recv(id, wr)
     }
 
+    /// Posts several receive WQEs in order (`ibv_post_srq_recv` with a list): one call to
+    /// the device for all of them. Stops at the first that cannot be posted.
+    ///
+    /// # Errors
+    /// `(index, error)` of the first WQE not posted (those before it are posted), with the
+    /// errors of [`post_recv`](Self::post_recv).
+    pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        let id = self.inner.id;
+        self.inner.dev().post_srq_recv_list(id, wrs)
+    }
+
     /// Arms the limit event: when a WQE is taken and fewer than `limit` remain, the context
     /// gets one `AsyncEvent::SrqLimitReached` and the limit goes back to 0 (`ibv_modify_srq`
     /// with `IBV_SRQ_LIMIT`). 0 disarms.

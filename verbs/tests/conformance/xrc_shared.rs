@@ -136,10 +136,16 @@ fn side(path: &PathBuf) -> Side {
     let srq = pd
         .create_xrc_srq(&xrcd, &cq, &SrqInitAttr::default())
         .unwrap();
-    for i in 0..RECVS {
-        let s = [mr.sge(i as usize * SLOT, SLOT)];
-        srq.post_recv(&RecvWr::new(i, &s)).unwrap();
-    }
+    // One list: a single request to the host for a member.
+    let sges: Vec<_> = (0..RECVS)
+        .map(|i| [mr.sge(i as usize * SLOT, SLOT)])
+        .collect();
+    let wrs: Vec<_> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr::new(i as u64, s))
+        .collect();
+    srq.post_recv_list(&wrs).unwrap();
     Side {
         ctx,
         xrcd,
@@ -286,6 +292,26 @@ fn one_target_delivers_into_two_devices_srqs() {
             .unwrap(),
         0
     );
+    // A list that overflows a member's SRQ stops at the first receive that does not fit.
+    let small = mpd
+        .create_xrc_srq(
+            &member.xrcd,
+            &member.cq,
+            &SrqInitAttr {
+                max_wr: 4,
+                ..SrqInitAttr::default()
+            },
+        )
+        .unwrap();
+    let one = [member.mr.sge(0, 64)];
+    let six: Vec<_> = (0..6).map(|i| RecvWr::new(100 + i, &one)).collect();
+    let e = small.post_recv_list(&six).unwrap_err();
+    assert!(
+        matches!(e, (4, rdmx_verbs::PostError::QueueFull { .. })),
+        "{e:?}"
+    );
+    assert_eq!(small.query().unwrap().posted, Some(4));
+    drop(small);
     // The member's SRQ limit event reaches the member's context.
     member.srq.arm_limit(5).unwrap();
     let s = [mr.sge(0, 10)];

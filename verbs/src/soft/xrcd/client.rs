@@ -457,6 +457,47 @@ impl Provider for Client {
             _ => Err(PostError::Destroyed),
         }
     }
+    fn post_srq_recv_list(&self, srq: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        // One request per frame's worth of receives.
+        let mut start = 0;
+        while start < wrs.len() {
+            let mut end = start;
+            while end < wrs.len()
+                && end - start < proto::MAX_LIST
+                && proto::list_frame_len(wrs[start..=end].iter().map(|w| w.sg_list.len()))
+                    <= proto::MAX_FRAME
+            {
+                if wrs[end].sg_list.len() > proto::MAX_SGES {
+                    break;
+                }
+                end += 1;
+            }
+            if end == start {
+                // A receive with too many SGEs for one frame.
+                return Err((
+                    start,
+                    PostError::TooManySge {
+                        count: wrs[start].sg_list.len(),
+                        max: proto::MAX_SGES as u32,
+                    },
+                ));
+            }
+            let req = Request::PostSrqRecvList {
+                srq,
+                wrs: wrs[start..end]
+                    .iter()
+                    .map(|w| (w.wr_id, w.sg_list.to_vec()))
+                    .collect(),
+            };
+            match self.call(req) {
+                Ok(Reply::Value(_)) => {}
+                Ok(Reply::PostFailedAt(i, e)) => return Err((start + i as usize, e)),
+                _ => return Err((start, PostError::Destroyed)),
+            }
+            start = end;
+        }
+        Ok(())
+    }
     fn modify_srq(
         &self,
         srq: u32,

@@ -317,6 +317,28 @@ impl Host {
                     Err(e) => Reply::PostFailed(e),
                 }
             }
+            Request::PostSrqRecvList { srq, wrs } => {
+                if !objs.srqs.contains(&srq) {
+                    return Reply::PostFailedAt(0, crate::error::PostError::Destroyed);
+                }
+                let list: Vec<RecvWr<'_>> = wrs
+                    .iter()
+                    .map(|(wr_id, sges)| RecvWr {
+                        wr_id: *wr_id,
+                        sg_list: sges,
+                    })
+                    .collect();
+                let r = dev.with_nic(|n, _| {
+                    for (i, wr) in list.iter().enumerate() {
+                        n.post_srq_recv(srq, wr).map_err(|e| (i, e))?;
+                    }
+                    Ok(())
+                });
+                match r {
+                    Ok(()) => Reply::Value(list.len() as u64),
+                    Err((i, e)) => Reply::PostFailedAt(i as u32, e),
+                }
+            }
             Request::ModifySrq { srq, max_wr, limit } => {
                 if !objs.srqs.contains(&srq) {
                     return Reply::Missing;

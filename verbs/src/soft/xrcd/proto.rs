@@ -20,6 +20,15 @@ pub(crate) const MAX_FRAME: usize = 4096;
 /// Most SGEs one posted receive may carry over the socket.
 pub(crate) const MAX_SGES: usize = 64;
 
+/// Most receives in one list.
+pub(crate) const MAX_LIST: usize = 128;
+
+/// The encoded size of a list of receives with these SGE counts (for splitting lists so
+/// that every frame stays under [`MAX_FRAME`]).
+pub(crate) fn list_frame_len(sge_counts: impl Iterator<Item = usize>) -> usize {
+    7 + sge_counts.map(|k| 10 + 16 * k).sum::<usize>()
+}
+
 /// A member's request. Every request gets exactly one [`Reply`], in order.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Request {
@@ -53,6 +62,11 @@ pub(crate) enum Request {
         srq: u32,
         wr_id: u64,
         sges: Vec<Sge>,
+    },
+    /// Several receives in order, answered once: `Value(count)` when all were posted.
+    PostSrqRecvList {
+        srq: u32,
+        wrs: Vec<(u64, Vec<Sge>)>,
     },
     ModifySrq {
         srq: u32,
@@ -105,6 +119,8 @@ pub(crate) enum Reply {
     },
     /// A post error.
     PostFailed(PostError),
+    /// The receive at this index of a list could not be posted (those before it were).
+    PostFailedAt(u32, PostError),
 }
 
 /// A frame the host sends unasked.
@@ -259,6 +275,15 @@ impl W {
             .u32(wc.wc_flags.bits())
             .u32(wc.vendor_err)
             .u16(wc.slid)
+    }
+    fn post_error(&mut self, e: &PostError) -> &mut Self {
+        let (tag, a, b) = match e {
+            PostError::QueueFull { depth, .. } => (1, *depth, 0),
+            PostError::TooManySge { count, max } => (2, *count as u32, *max),
+            PostError::Destroyed => (3, 0, 0),
+            _ => (4, 0, 0),
+        };
+        self.u8(tag).u32(a).u32(b)
     }
     fn event(&mut self, e: &AsyncEvent) -> &mut Self {
         let (tag, v) = match *e {
@@ -507,6 +532,15 @@ impl Frame {
                         w.u64(s.addr).u32(s.length).u32(s.lkey.0);
                     }
                 }
+                Request::PostSrqRecvList { srq, wrs } => {
+                    w.u8(14).u32(*srq).u16(wrs.len() as u16);
+                    for (wr_id, sges) in wrs {
+                        w.u64(*wr_id).u16(sges.len() as u16);
+                        for s in sges {
+                            w.u64(s.addr).u32(s.length).u32(s.lkey.0);
+                        }
+                    }
+                }
                 Request::ModifySrq { srq, max_wr, limit } => {
                     w.u8(7).u32(*srq).opt(*max_wr).opt(*limit);
                 }
@@ -556,13 +590,10 @@ impl Frame {
                     w.u8(0x46).u8(*kind).bytes(text.as_bytes());
                 }
                 Reply::PostFailed(e) => {
-                    let (tag, a, b) = match e {
-                        PostError::QueueFull { depth, .. } => (1, *depth, 0),
-                        PostError::TooManySge { count, max } => (2, *count as u32, *max),
-                        PostError::Destroyed => (3, 0, 0),
-                        _ => (4, 0, 0),
-                    };
-                    w.u8(0x47).u8(tag).u32(a).u32(b);
+                    w.u8(0x47).post_error(e);
+                }
+                Reply::PostFailedAt(i, e) => {
+                    w.u8(0x48).u32(*i).post_error(e);
                 }
             },
             Self::Push(p) => match p {
@@ -614,6 +645,31 @@ impl Frame {
                 }
                 Self::Request(Request::PostSrqRecv { srq, wr_id, sges })
             }
+            14 => {
+                let srq = r.u32()?;
+                let n = usize::from(r.u16()?);
+                if n > MAX_LIST {
+                    return None;
+                }
+                let mut wrs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let wr_id = r.u64()?;
+                    let k = usize::from(r.u16()?);
+                    if k > MAX_SGES {
+                        return None;
+                    }
+                    let mut sges = Vec::with_capacity(k);
+                    for _ in 0..k {
+                        sges.push(Sge {
+                            addr: r.u64()?,
+                            length: r.u32()?,
+                            lkey: crate::types::Lkey(r.u32()?),
+                        });
+                    }
+                    wrs.push((wr_id, sges));
+                }
+                Self::Request(Request::PostSrqRecvList { srq, wrs })
+            }
             7 => Self::Request(Request::ModifySrq {
                 srq: r.u32()?,
                 max_wr: r.opt()?,
@@ -653,6 +709,10 @@ impl Frame {
                 Self::Reply(Reply::Failed { kind, text })
             }
             0x47 => Self::Reply(Reply::PostFailed(r.post_error()?)),
+            0x48 => {
+                let i = r.u32()?;
+                Self::Reply(Reply::PostFailedAt(i, r.post_error()?))
+            }
             0x81 => {
                 let cq = r.u32()?;
                 let solicited = r.bool()?;
@@ -709,6 +769,21 @@ mod tests {
                     lkey: crate::types::Lkey(3),
                 }],
             }),
+            Frame::Request(Request::PostSrqRecvList {
+                srq: 5,
+                wrs: vec![
+                    (1, vec![]),
+                    (
+                        2,
+                        vec![Sge {
+                            addr: 9,
+                            length: 8,
+                            lkey: crate::types::Lkey(7),
+                        }],
+                    ),
+                ],
+            }),
+            Frame::Reply(Reply::PostFailedAt(3, PostError::Destroyed)),
             Frame::Request(Request::ModifySrq {
                 srq: 1,
                 max_wr: None,
@@ -759,7 +834,7 @@ mod tests {
             longer.push(0);
             assert_eq!(Frame::decode(&longer), None);
         }
-        for tag in [0u8, 14, 0x40, 0x48, 0x80, 0x83, 0xFF] {
+        for tag in [0u8, 15, 0x40, 0x49, 0x80, 0x83, 0xFF] {
             assert_eq!(Frame::decode(&[tag, 0, 0, 0, 0]), None);
         }
     }
