@@ -227,6 +227,7 @@ impl Context {
         let port = vctx.query_port(1)?;
         let state = State::new(&cfg);
         let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
+        let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
         let shared = Arc::new(Shared {
             vctx,
             pd,
@@ -243,6 +244,7 @@ impl Context {
             ports: dev.phys_port_cnt,
             node: node.map(|n| n.inner),
             xrc_lock: Mutex::new(()),
+            batch_posts,
             context_id: random_u64(),
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),

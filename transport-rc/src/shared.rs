@@ -63,6 +63,8 @@ pub(crate) struct State {
     pub(crate) eps: Slab<Ep>,
     pub(crate) by_qpn: HashMap<u32, usize>,
     pub(crate) recv_slots: Slab<Buf>,
+    /// Receive slots waiting to be posted together (`Shared::batch_posts`).
+    pub(crate) pending_posts: Vec<usize>,
     pub(crate) budget: Budget,
     /// Eager receive buffers held by the application or queued in inboxes.
     pub(crate) held: u64,
@@ -91,6 +93,7 @@ impl State {
             eps: Slab::new(),
             by_qpn: HashMap::new(),
             recv_slots: Slab::with_capacity(cfg.srq_depth as usize),
+            pending_posts: Vec::new(),
             budget: Budget::new(cfg.srq_depth, cfg.credits),
             held: 0,
             needy: VecDeque::new(),
@@ -122,6 +125,9 @@ pub(crate) struct Shared {
     pub(crate) regcache: RegCache,
     pub(crate) state: Mutex<State>,
     pub(crate) cond: Condvar,
+    /// Post receive buffers in batches rather than one by one: set when posting is a round
+    /// trip to another process (an XRC SRQ of a node whose domain another process hosts).
+    pub(crate) batch_posts: bool,
     /// Inline payload limit actually usable (config capped by the device, less the header).
     pub(crate) inline_max: usize,
     pub(crate) max_inline_data: u32,
@@ -496,13 +502,25 @@ impl Shared {
     // ----------------------------------------------------------------- receive buffers
 
     /// Puts a receive buffer back on the shared receive queue (or back in the pool when the
-    /// queue is full).
+    /// queue is full). With `batch_posts` it joins the pending batch, posted by
+    /// [`flush_posts`](Self::flush_posts) once a sixteenth of the queue is waiting or at the
+    /// end of the next progress.
     pub(crate) fn repost(&self, st: &mut State, buf: Buf) {
-        if st.budget.posted >= u64::from(self.cfg.srq_depth) {
+        if st.budget.posted + st.pending_posts.len() as u64 >= u64::from(self.cfg.srq_depth) {
             return;
         }
-        let sge = buf.sge_at(0, buf.capacity());
         let slot = st.recv_slots.insert(buf);
+        if self.batch_posts {
+            st.pending_posts.push(slot);
+            if st.pending_posts.len() as u64 >= (u64::from(self.cfg.srq_depth) / 16).max(1) {
+                self.flush_posts(st);
+            }
+            return;
+        }
+        let Some(buf) = st.recv_slots.get(slot) else {
+            return;
+        };
+        let sge = buf.sge_at(0, buf.capacity());
         let wr = RecvWr::new(wrid::make(wrid::RECV, slot, 0), std::slice::from_ref(&sge));
         match self.srq.post_recv(&wr) {
             Ok(()) => {
@@ -514,6 +532,41 @@ impl Shared {
                 st.recv_slots.remove(slot);
             }
         }
+    }
+
+    /// Posts the pending batch of receive buffers with one call.
+    pub(crate) fn flush_posts(&self, st: &mut State) {
+        if st.pending_posts.is_empty() {
+            return;
+        }
+        let slots = std::mem::take(&mut st.pending_posts);
+        let sges: Vec<_> = slots
+            .iter()
+            .filter_map(|&s| st.recv_slots.get(s).map(|b| b.sge_at(0, b.capacity())))
+            .collect();
+        let wrs: Vec<RecvWr<'_>> = slots
+            .iter()
+            .zip(&sges)
+            .map(|(&slot, sge)| {
+                RecvWr::new(wrid::make(wrid::RECV, slot, 0), std::slice::from_ref(sge))
+            })
+            .collect();
+        let posted = match self.srq.post_recv_list(&wrs) {
+            Ok(()) => wrs.len(),
+            Err((i, e)) => {
+                tracing::warn!(
+                    "posting receive buffers failed at {i} of {}: {e}",
+                    wrs.len()
+                );
+                i
+            }
+        };
+        drop(wrs);
+        for &slot in &slots[posted..] {
+            st.recv_slots.try_remove(slot);
+        }
+        st.budget.on_post(posted as u64);
+        st.stats.recv_posted += posted as u64;
     }
 
     /// An eager message buffer came back from the application.
@@ -530,23 +583,33 @@ impl Shared {
     /// from the spare buffers meanwhile). Below the queue's SRQ limit the SRQ-limit event
     /// triggers it too.
     fn refill(&self, st: &mut State) {
+        // Batched posting: buffers wait until a sixteenth of the queue is missing (below),
+        // or at once when every posted buffer is promised to a sender.
+        if !st.pending_posts.is_empty() && st.budget.spare() == 0 {
+            self.flush_posts(st);
+        }
         let depth = u64::from(self.cfg.srq_depth);
         let batch = (depth / 16).max(1);
         if st.budget.posted + batch > depth && st.budget.spare() > 0 {
             return;
         }
-        while st.budget.posted < depth && st.budget.posted + st.held < 2 * depth {
+        loop {
+            let queued = st.budget.posted + st.pending_posts.len() as u64;
+            if queued >= depth || queued + st.held >= 2 * depth {
+                break;
+            }
             match self.pool.try_alloc(self.cfg.recv_buf_size()) {
                 Ok(b) => {
-                    let before = st.budget.posted;
+                    let before = st.budget.posted + st.pending_posts.len() as u64;
                     self.repost(st, b);
-                    if st.budget.posted == before {
+                    if st.budget.posted + st.pending_posts.len() as u64 == before {
                         break;
                     }
                 }
                 Err(_) => break,
             }
         }
+        self.flush_posts(st);
     }
 
     pub(crate) fn mark_needy(&self, st: &mut State, k: usize) {
