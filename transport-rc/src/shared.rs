@@ -194,6 +194,11 @@ impl Shared {
 
     /// Follow-up work after state changed.
     pub(crate) fn after(&self, st: &mut State) {
+        if self.batch_posts {
+            // Posting may be a round trip to another process: grant what is already
+            // posted first, so that senders do not wait on it.
+            self.distribute(st);
+        }
         self.refill(st);
         self.distribute(st);
         self.post_deferred_reads(st);

@@ -158,20 +158,44 @@ impl Client {
         (&self.sock)
             .write(&Frame::Request(req).encode())
             .map_err(|_| gone())?;
-        let mut r = self.reply.lock();
+        // The caller reads the answer itself when it can (one thread wake-up fewer than
+        // waiting for the reader thread), else waits for the reader to hand it over.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
         let deadline = crate::soft::driver::clock::monotonic() + RPC_TIMEOUT;
-        while r.is_none() {
+        loop {
+            if let Some(r) = self.reply.lock().take() {
+                return Ok(r);
+            }
             if self.is_gone() {
                 return Err(gone());
             }
-            if self.replied.wait_until(&mut r, deadline).timed_out() {
+            if crate::soft::driver::clock::monotonic() >= deadline {
                 return Err(VerbsError::Io {
                     op: "wait for the shared XRC domain's host",
                     source: std::io::Error::from(std::io::ErrorKind::TimedOut),
                 });
             }
+            let drained = self
+                .rx
+                .try_lock()
+                .map(|mut buf| self.drain_frames(&mut buf));
+            match drained {
+                Some(Pumped::Closed) => return Err(gone()),
+                Some(Pumped::Frames(0)) => {
+                    let _ = crate::soft::driver::sys::poll_readable(
+                        &[fd],
+                        Some(Duration::from_millis(2)),
+                    );
+                }
+                Some(Pumped::Frames(_)) => {}
+                None => {
+                    let mut r = self.reply.lock();
+                    if r.is_none() {
+                        let _ = self.replied.wait_for(&mut r, Duration::from_millis(1));
+                    }
+                }
+            }
         }
-        r.take().ok_or_else(gone)
     }
 
     fn value(&self, req: Request) -> Result<u64, VerbsError> {
@@ -255,9 +279,12 @@ impl Client {
                     *self.reply.lock() = Some(r);
                     self.replied.notify_all();
                 }
-                Some(Frame::Push(Push::Completion { cq, wc, solicited })) => {
-                    self.dev
-                        .with_nic(|nic, _| nic.inject_completion(cq, wc, solicited));
+                Some(Frame::Push(Push::Completions(list))) => {
+                    self.dev.with_nic(|nic, _| {
+                        for (cq, wc, solicited) in list {
+                            nic.inject_completion(cq, wc, solicited);
+                        }
+                    });
                 }
                 Some(Frame::Push(Push::Event(e))) => {
                     self.dev.with_nic(|nic, _| nic.inject_event(e));

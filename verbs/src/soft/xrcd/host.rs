@@ -499,16 +499,22 @@ impl Host {
             if r.socks.is_empty() {
                 return;
             }
+            // Per member, in order, as few frames as fit.
+            let mut lists: Vec<(u64, Vec<(u32, WorkCompletion, bool)>)> = Vec::new();
             for &(cq, wc, solicited) in fwd {
-                if let Some((m, mcq)) = r.cqs.get(&cq)
-                    && let Some(s) = r.socks.get(m)
-                {
-                    let f = Frame::Push(Push::Completion {
-                        cq: *mcq,
-                        wc,
-                        solicited,
-                    });
-                    out.push((s.clone(), f.encode()));
+                if let Some(&(m, mcq)) = r.cqs.get(&cq) {
+                    match lists
+                        .iter_mut()
+                        .find(|(id, l)| *id == m && l.len() < proto::MAX_COMPLETIONS)
+                    {
+                        Some((_, l)) => l.push((mcq, wc, solicited)),
+                        None => lists.push((m, vec![(mcq, wc, solicited)])),
+                    }
+                }
+            }
+            for (m, list) in lists {
+                if let Some(s) = r.socks.get(&m) {
+                    out.push((s.clone(), Frame::Push(Push::Completions(list)).encode()));
                 }
             }
             events.retain(|e| {

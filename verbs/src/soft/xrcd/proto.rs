@@ -20,6 +20,12 @@ pub(crate) const MAX_FRAME: usize = 4096;
 /// Most SGEs one posted receive may carry over the socket.
 pub(crate) const MAX_SGES: usize = 64;
 
+/// Encoded size of one completion in a [`Push::Completions`] frame.
+const COMPLETION_LEN: usize = 4 + 1 + 50;
+
+/// Most completions in one frame.
+pub(crate) const MAX_COMPLETIONS: usize = (MAX_FRAME - 3) / COMPLETION_LEN;
+
 /// Most receives in one list.
 pub(crate) const MAX_LIST: usize = 128;
 
@@ -126,12 +132,9 @@ pub(crate) enum Reply {
 /// A frame the host sends unasked.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Push {
-    /// A completion for the member's CQ.
-    Completion {
-        cq: u32,
-        wc: WorkCompletion,
-        solicited: bool,
-    },
+    /// Completions for the member's CQs, in order: (CQ, completion, solicited). The host
+    /// sends those of one flush together (one write, one wake-up of the member).
+    Completions(Vec<(u32, WorkCompletion, bool)>),
     /// An asynchronous event about one of the member's SRQs or targets.
     Event(AsyncEvent),
 }
@@ -597,8 +600,11 @@ impl Frame {
                 }
             },
             Self::Push(p) => match p {
-                Push::Completion { cq, wc, solicited } => {
-                    w.u8(0x81).u32(*cq).u8(u8::from(*solicited)).wc(wc);
+                Push::Completions(list) => {
+                    w.u8(0x81).u16(list.len() as u16);
+                    for (cq, wc, solicited) in list {
+                        w.u32(*cq).u8(u8::from(*solicited)).wc(wc);
+                    }
                 }
                 Push::Event(e) => {
                     w.u8(0x82).event(e);
@@ -714,13 +720,17 @@ impl Frame {
                 Self::Reply(Reply::PostFailedAt(i, r.post_error()?))
             }
             0x81 => {
-                let cq = r.u32()?;
-                let solicited = r.bool()?;
-                Self::Push(Push::Completion {
-                    cq,
-                    solicited,
-                    wc: r.wc()?,
-                })
+                let n = usize::from(r.u16()?);
+                if n > MAX_COMPLETIONS {
+                    return None;
+                }
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let cq = r.u32()?;
+                    let solicited = r.bool()?;
+                    list.push((cq, r.wc()?, solicited));
+                }
+                Self::Push(Push::Completions(list))
             }
             0x82 => Self::Push(Push::Event(r.event()?)),
             _ => return None,
@@ -807,11 +817,10 @@ mod tests {
                 count: 9,
                 max: 4,
             })),
-            Frame::Push(Push::Completion {
-                cq: 4,
-                wc,
-                solicited: true,
-            }),
+            Frame::Push(Push::Completions(vec![
+                (4, wc, true),
+                (5, WorkCompletion::EMPTY, false),
+            ])),
             Frame::Push(Push::Event(AsyncEvent::SrqLimitReached(7))),
         ]
     }
@@ -821,6 +830,34 @@ mod tests {
         for f in frames() {
             assert_eq!(Frame::decode(&f.encode()), Some(f.clone()), "{f:?}");
         }
+    }
+
+    #[test]
+    fn the_largest_frames_fit() {
+        let full = Frame::Push(Push::Completions(vec![
+            (
+                u32::MAX,
+                WorkCompletion::EMPTY,
+                true
+            );
+            MAX_COMPLETIONS
+        ]));
+        assert!(full.encode().len() <= MAX_FRAME);
+        let sge = Sge {
+            addr: 1,
+            length: 1,
+            lkey: crate::types::Lkey(1),
+        };
+        let wrs = vec![(0u64, vec![sge; 1]); MAX_LIST];
+        let n = Frame::Request(Request::PostSrqRecvList { srq: 1, wrs })
+            .encode()
+            .len();
+        assert_eq!(n, list_frame_len(std::iter::repeat_n(1, MAX_LIST)));
+        let over = Frame::Push(Push::Completions(vec![
+            (1, WorkCompletion::EMPTY, false);
+            MAX_COMPLETIONS + 1
+        ]));
+        assert_eq!(Frame::decode(&over.encode()), None, "too many completions");
     }
 
     #[test]
