@@ -170,7 +170,8 @@ fn one_node_shared_by_two_processes() {
 
 /// `ContextBuilder::xrc_domain` (or `RDMX_XRC_DOMAIN`): contexts built without a node join
 /// the node of the domain file, each with a device of its own (the first hosts the domain).
-/// A context of another node reaches both through one initiator, and both answer.
+/// A context of another node reaches both through one initiator, and both answer, while
+/// they busy-poll.
 #[test]
 fn contexts_join_a_node_through_the_builder() {
     let file = std::env::temp_dir().join(format!("rdmx-node-builder-{}", std::process::id()));
@@ -180,6 +181,9 @@ fn contexts_join_a_node_through_the_builder() {
                 .transport(rdmx_core::bootstrap::TransportKind::Xrc)
                 .xrc_domain(&file)
                 .srq_depth(256)
+                // Busy polling for longer than any wait here: the member's frames must be
+                // read by the polling thread (its reader thread stays off the socket).
+                .busy_poll(Duration::from_secs(60))
                 .build()
                 .unwrap()
         })

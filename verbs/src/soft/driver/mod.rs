@@ -745,6 +745,15 @@ impl Shared {
     pub(crate) fn release(&self) {
         self.last_poll.store(0, Ordering::Relaxed);
         self.wake.signal();
+        self.xrc.wake_members();
+    }
+
+    /// While an application thread is polling (it claimed reception less than
+    /// [`HANDOFF_NS`] ago), how much longer its claim lasts.
+    pub(crate) fn poller_remaining(&self) -> Option<Duration> {
+        let last = self.last_poll.load(Ordering::Relaxed);
+        let left = (last + HANDOFF_NS).checked_sub(self.now())?;
+        (last != 0 && left > 0).then(|| Duration::from_nanos(left))
     }
 
     /// Next engine deadline (timers and delayed fault-injected frames).

@@ -18,6 +18,7 @@ use super::proto::{self, Frame, Push, Reply, Request};
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
 use crate::provider::Provider;
+use crate::soft::driver::sys::{self, EventFd};
 use crate::soft::driver::{ChannelInner, Shared};
 use crate::soft::engine::{AsyncEvent, QpConfig, SrqState};
 use crate::types::{
@@ -28,6 +29,10 @@ use crate::wr::{RecvWr, SendWr};
 /// How long a request may wait for the host's answer.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a request polls for the host's answer itself before it waits for the reader
+/// thread to hand the answer over.
+const RPC_SPIN: Duration = Duration::from_micros(50);
+
 /// A member's link to the host of a shared domain.
 #[derive(Debug)]
 pub(crate) struct Client {
@@ -36,6 +41,8 @@ pub(crate) struct Client {
     sock: Socket,
     /// One request in flight at a time.
     rpc: Mutex<()>,
+    /// Wakes the reader thread when the device's polling application thread goes to sleep.
+    wake: EventFd,
     /// Held while frames are read and dispatched (by the reader thread, or by a thread
     /// busy-polling the member's device), so forwarded completions keep their order; holds
     /// the receive buffer.
@@ -55,6 +62,7 @@ impl Drop for Client {
     fn drop(&mut self) {
         // Ends the reader thread and tells the host, which removes this member's objects.
         let _ = self.sock.shutdown(Shutdown::Both);
+        self.wake.signal();
     }
 }
 
@@ -67,7 +75,7 @@ impl Client {
         name: Vec<u8>,
     ) -> Result<Arc<Self>, VerbsError> {
         let io = |op| move |source| VerbsError::Io { op, source };
-        crate::soft::driver::sys::allow_ptrace_by_any();
+        sys::allow_ptrace_by_any();
         sock.set_read_timeout(Some(RPC_TIMEOUT))
             .map_err(io("XRC domain socket timeout"))?;
         (&sock)
@@ -100,6 +108,7 @@ impl Client {
             name,
             sock,
             rpc: Mutex::new(()),
+            wake: EventFd::new().map_err(io("eventfd"))?,
             rx: Mutex::new(vec![0u8; proto::MAX_FRAME]),
             reply: Mutex::new(None),
             replied: Condvar::new(),
@@ -134,6 +143,11 @@ impl Client {
         self.xrcd
     }
 
+    /// Makes the reader thread look at the socket again.
+    pub(crate) fn wake_reader(&self) {
+        self.wake.signal();
+    }
+
     /// The UDP addresses where the domain's targets receive (the host's ports).
     pub(crate) fn ports(&self) -> &[SocketAddr] {
         &self.ports
@@ -158,42 +172,46 @@ impl Client {
         (&self.sock)
             .write(&Frame::Request(req).encode())
             .map_err(|_| gone())?;
-        // The caller reads the answer itself when it can (one thread wake-up fewer than
-        // waiting for the reader thread), else waits for the reader to hand it over.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
+        // The reader thread always delivers the answer; the caller reads it itself when it
+        // comes quickly (a short spin), which saves the reader's wake-up and hand-over.
+        let spin_until = crate::soft::driver::clock::monotonic() + RPC_SPIN;
         let deadline = crate::soft::driver::clock::monotonic() + RPC_TIMEOUT;
         loop {
-            if let Some(r) = self.reply.lock().take() {
-                return Ok(r);
+            let drained = self
+                .rx
+                .try_lock()
+                .map(|mut buf| self.drain_frames(&mut buf));
+            if matches!(drained, Some(Pumped::Closed)) {
+                return Err(gone());
+            }
+            let mut r = self.reply.lock();
+            if let Some(reply) = r.take() {
+                return Ok(reply);
             }
             if self.is_gone() {
                 return Err(gone());
             }
-            if crate::soft::driver::clock::monotonic() >= deadline {
+            let now = crate::soft::driver::clock::monotonic();
+            if now >= deadline {
                 return Err(VerbsError::Io {
                     op: "wait for the shared XRC domain's host",
                     source: std::io::Error::from(std::io::ErrorKind::TimedOut),
                 });
             }
-            let drained = self
-                .rx
-                .try_lock()
-                .map(|mut buf| self.drain_frames(&mut buf));
-            match drained {
-                Some(Pumped::Closed) => return Err(gone()),
-                Some(Pumped::Frames(0)) => {
-                    let _ = crate::soft::driver::sys::poll_readable(
-                        &[fd],
-                        Some(Duration::from_millis(2)),
-                    );
-                }
-                Some(Pumped::Frames(_)) => {}
-                None => {
-                    let mut r = self.reply.lock();
-                    if r.is_none() {
-                        let _ = self.replied.wait_for(&mut r, Duration::from_millis(1));
-                    }
-                }
+            if now < spin_until {
+                drop(r);
+                std::hint::spin_loop();
+            } else if self.dev.poller_remaining().is_some() {
+                // The reader thread stays off the socket while the device is busy-polled:
+                // wait for the answer on the socket itself (briefly, as a polling thread
+                // may take it first and hand it over through `reply`).
+                drop(r);
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
+                let _ = sys::poll_readable(&[fd], Some(Duration::from_micros(200)));
+            } else {
+                // Woken by the reader thread when it stores the answer (under this lock,
+                // so the notification cannot be missed).
+                let _ = self.replied.wait_for(&mut r, Duration::from_millis(5));
             }
         }
     }
@@ -269,7 +287,7 @@ impl Client {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&self.sock);
         let mut n = 0;
         loop {
-            let len = match crate::soft::driver::sys::recv_dontwait(fd, buf) {
+            let len = match sys::recv_dontwait(fd, buf) {
                 Ok(None) => return Pumped::Frames(n),
                 Ok(Some(0)) | Err(_) => return Pumped::Closed,
                 Ok(Some(len)) => len,
@@ -313,23 +331,39 @@ impl Client {
     }
 }
 
-/// Waits for the host's frames and dispatches them until the socket closes.
+/// Waits for the host's frames and dispatches them until the socket closes. While an
+/// application thread busy-polls the member's device, that thread reads the frames
+/// (`Client::poll`) and this one stays off the socket, so the host's writes wake nobody; it
+/// comes back when the poller goes to sleep (`Shared::release`) or its claim runs out.
 fn read_loop(client: &Weak<Client>) {
-    let Some(fd) = client
+    let Some((fd, wake)) = client
         .upgrade()
-        .map(|c| std::os::fd::AsRawFd::as_raw_fd(&c.sock))
+        .map(|c| (std::os::fd::AsRawFd::as_raw_fd(&c.sock), c.wake.raw()))
     else {
         return;
     };
     loop {
-        // The fd stays open while the client lives; once it is dropped, `upgrade` fails
-        // below (its Drop shut the socket down, which wakes this poll).
-        if crate::soft::driver::sys::poll_readable(&[fd], None).is_err() {
+        let Some(c) = client.upgrade() else {
+            return;
+        };
+        let polled_elsewhere = c.dev.poller_remaining();
+        drop(c);
+        // The fds stay open while the client lives; once it is dropped, `upgrade` fails
+        // below (its Drop shut the socket down and signalled `wake`).
+        let r = match polled_elsewhere {
+            Some(left) => sys::poll_readable(&[wake], Some(left)),
+            None => sys::poll_readable(&[fd, wake], None),
+        };
+        if r.is_err() {
             std::thread::sleep(Duration::from_millis(1));
         }
         let Some(c) = client.upgrade() else {
             return;
         };
+        c.wake.drain();
+        if c.dev.poller_remaining().is_some() {
+            continue;
+        }
         let closed = {
             let mut buf = c.rx.lock();
             matches!(c.drain_frames(&mut buf), Pumped::Closed)

@@ -80,6 +80,17 @@ impl Links {
         self.clients().iter().map(|c| c.poll()).sum()
     }
 
+    /// An application thread stopped polling: the member links' reader threads take over
+    /// reading from their hosts.
+    pub(crate) fn wake_members(&self) {
+        if !self.member.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        for c in self.clients() {
+            c.wake_reader();
+        }
+    }
+
     /// The live member links.
     pub(crate) fn clients(&self) -> Vec<Arc<Client>> {
         let mut v = self.clients.lock();
@@ -161,7 +172,11 @@ pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsErro
         match c.connect(&addr) {
             Ok(()) => {
                 let client = Client::join(dev, c, name)?;
-                dev.xrc_links().clients.lock().push(Arc::downgrade(&client));
+                let links = dev.xrc_links();
+                links.clients.lock().push(Arc::downgrade(&client));
+                links
+                    .member
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 return Ok(Attached::Member(client));
             }
             // The host went away between the two calls: try to become the host.
