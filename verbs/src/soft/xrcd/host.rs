@@ -500,7 +500,7 @@ impl Host {
                 return;
             }
             // Per member, in order, as few frames as fit.
-            let mut lists: Vec<(u64, Vec<(u32, WorkCompletion, bool)>)> = Vec::new();
+            let mut lists: Vec<(u64, Vec<proto::Forwarded>)> = Vec::new();
             for &(cq, wc, solicited) in fwd {
                 if let Some(&(m, mcq)) = r.cqs.get(&cq) {
                     match lists

@@ -129,12 +129,15 @@ pub(crate) enum Reply {
     PostFailedAt(u32, PostError),
 }
 
+/// A forwarded completion: (the member's CQ, the completion, solicited).
+pub(crate) type Forwarded = (u32, WorkCompletion, bool);
+
 /// A frame the host sends unasked.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Push {
     /// Completions for the member's CQs, in order: (CQ, completion, solicited). The host
     /// sends those of one flush together (one write, one wake-up of the member).
-    Completions(Vec<(u32, WorkCompletion, bool)>),
+    Completions(Vec<Forwarded>),
     /// An asynchronous event about one of the member's SRQs or targets.
     Event(AsyncEvent),
 }
