@@ -229,7 +229,14 @@ pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> 
     // The peer's initiator already sends to a target of this node (made by this process
     // or another one of the node for an earlier endpoint): use it.
     if let Some(t) = peer.xrc_in_use {
-        return Ok(t);
+        return match node.xrcd.has_target(rdmx_verbs::Qpn(t)) {
+            Ok(true) | Err(rdmx_verbs::VerbsError::Unsupported(_)) => Ok(t),
+            Ok(false) => Err(Error::Protocol(format!(
+                "the peer's initiator claims to send to target {t:#x}, which this node does \
+                 not have"
+            ))),
+            Err(e) => Err(e.into()),
+        };
     }
     let mut targets = node.targets.lock();
     if let Some(t) = targets.get(&(peer_node, ini_qpn)) {

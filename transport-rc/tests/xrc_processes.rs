@@ -214,3 +214,65 @@ fn contexts_join_a_node_through_the_builder() {
     drop(b);
     let _ = std::fs::remove_file(&file);
 }
+
+/// A peer whose second hello claims its initiator already sends to a target this node does
+/// not have is refused at set-up, with a clear error, instead of connecting an endpoint
+/// whose messages would go nowhere.
+#[test]
+fn a_claimed_target_the_node_does_not_have_is_refused() {
+    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+    use std::time::Instant;
+
+    let server = Context::builder()
+        .transport(TransportKind::Xrc)
+        .srq_depth(64)
+        .build()
+        .unwrap();
+    let l = server.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    let rogue = std::thread::spawn(move || {
+        let info = EndpointInfo {
+            transport: TransportKind::Xrc,
+            qpn: 0,
+            psn: 77,
+            mtu: 4096,
+            primary: PathInfo {
+                gid: rdmx_verbs::Gid::from_ip("127.0.0.1".parse().unwrap()).0,
+                udp_port: 9,
+                port_num: 1,
+            },
+            alternate: None,
+            srq_nums: vec![0x42],
+            credits: 8,
+            mailbox_addr: 0x1000,
+            mailbox_rkey: 1,
+            max_message: 1 << 20,
+            eager_limit: 32 << 10,
+            context_id: 9,
+            node_id: 9,
+            tag: 3,
+            xrc_target: None,
+            xrc_target_path: None,
+            xrc_in_use: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut s = bootstrap::connect(addr, deadline).unwrap();
+        bootstrap::send_frame(&mut s, &Frame::Hello(info.clone()), deadline).unwrap();
+        let _accept = bootstrap::expect_accept(&mut s, deadline).unwrap();
+        let second = EndpointInfo {
+            qpn: 0x00AB_CDEF,
+            xrc_target: Some(0x0012_3456),
+            xrc_in_use: Some(0x00FE_DCBA),
+            ..info
+        };
+        bootstrap::send_frame(&mut s, &Frame::Hello(second), deadline).unwrap();
+        // The server closes the exchange instead of naming its target.
+        bootstrap::expect_xrc_target(&mut s, deadline).is_err()
+    });
+    let e = l
+        .accept_timeout(Duration::from_secs(10))
+        .expect_err("a made-up target must be refused");
+    assert!(e.to_string().contains("does not have"), "{e}");
+    assert!(rogue.join().unwrap(), "the rogue got no target");
+    assert_eq!(server.endpoint_count(), 0);
+}

@@ -109,6 +109,13 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     ) -> Result<(), VerbsError>;
     fn query_srq(&self, srq: u32) -> Option<SrqState>;
     fn alloc_xrcd(&self) -> Result<u32, VerbsError>;
+    /// Whether `qpn` is a target QP of XRC domain `xrcd` (`Unsupported` where the provider
+    /// cannot tell).
+    fn xrcd_has_target(&self, _xrcd: u32, _qpn: Qpn) -> Result<bool, VerbsError> {
+        Err(VerbsError::Unsupported(
+            "asking a provider for its XRC targets",
+        ))
+    }
     /// Opens the XRC domain shared through the file at `path` (`ibv_open_xrcd` with the
     /// file's descriptor).
     fn open_xrcd_file(&self, _path: &std::path::Path) -> Result<SharedXrcd, VerbsError> {

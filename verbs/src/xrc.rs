@@ -57,6 +57,18 @@ impl XrcDomain {
         }
     }
 
+    /// Whether `qpn` is a target QP of this domain, created by any device or process
+    /// sharing it (soft provider; `Unsupported` on hardware, which has no such query).
+    ///
+    /// # Errors
+    /// `Unsupported` as above; `Io` when the domain's host cannot be reached.
+    pub fn has_target(&self, qpn: crate::types::Qpn) -> Result<bool, VerbsError> {
+        match &self.remote {
+            Some((link, _)) => link.xrcd_has_target(self.id, qpn),
+            None => self.ctx.dev().xrcd_has_target(self.id, qpn),
+        }
+    }
+
     /// The provider SRQs and targets of this domain are created on.
     pub(crate) fn dev(&self) -> Option<Arc<dyn Provider>> {
         self.remote.as_ref().map(|(l, _)| l.clone())

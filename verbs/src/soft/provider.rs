@@ -279,6 +279,10 @@ impl Provider for Shared {
         Ok(self.with_nic(|n, _| n.alloc_xrcd()))
     }
 
+    fn xrcd_has_target(&self, xrcd: u32, qpn: Qpn) -> Result<bool, VerbsError> {
+        Ok(self.with_nic(|n, _| n.qp_xrcd(qpn)) == Some(xrcd))
+    }
+
     fn open_xrcd_file(&self, path: &std::path::Path) -> Result<SharedXrcd, VerbsError> {
         let me = self.arc().ok_or(VerbsError::NoSuchObject("device"))?;
         Ok(match crate::soft::xrcd::open(&me, path)? {

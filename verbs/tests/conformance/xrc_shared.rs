@@ -266,6 +266,12 @@ fn one_target_delivers_into_two_devices_srqs() {
     // The member creates the target; it lives in the host's NIC.
     let mpd = member.ctx.alloc_pd().unwrap();
     let tgt = mpd.create_xrc_target_qp(&member.xrcd).unwrap();
+    // Both sides see the target; nobody sees a QP number that is not one of the domain's.
+    assert!(member.xrcd.has_target(tgt.qp_num()).unwrap());
+    assert!(host.xrcd.has_target(tgt.qp_num()).unwrap());
+    let other = rdmx_verbs::Qpn(tgt.qp_num().0 ^ 0x5A5A5A);
+    assert!(!member.xrcd.has_target(other).unwrap());
+    assert!(!host.xrcd.has_target(other).unwrap());
     let ctx = rdmx_verbs::Device::open("soft:127.0.0.1").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();

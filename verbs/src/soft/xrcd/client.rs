@@ -577,4 +577,14 @@ impl Provider for Client {
     fn alloc_xrcd(&self) -> Result<u32, VerbsError> {
         Ok(self.xrcd)
     }
+    fn xrcd_has_target(&self, _xrcd: u32, qpn: Qpn) -> Result<bool, VerbsError> {
+        match self.call(Request::OpenTarget { qpn })? {
+            Reply::Value(_) => Ok(true),
+            Reply::Missing => Ok(false),
+            Reply::Failed { kind, text } => Err(Reply::into_error(kind, text)),
+            _ => Err(VerbsError::InvalidArgument(
+                "unexpected reply from the XRC domain host".into(),
+            )),
+        }
+    }
 }
