@@ -243,6 +243,7 @@ impl Context {
             mtu_bytes: port.active_mtu.bytes() as u32,
             ports: dev.phys_port_cnt,
             node: node.map(|n| n.inner),
+            node_events: Mutex::new(std::collections::VecDeque::new()),
             xrc_lock: Mutex::new(()),
             batch_posts,
             context_id: random_u64(),
@@ -257,6 +258,9 @@ impl Context {
         {
             let mut st = shared.state.lock();
             shared.after(&mut st);
+        }
+        if let Some(n) = &shared.node {
+            n.contexts.lock().push(Arc::downgrade(&shared));
         }
         let bg_shared = shared.clone();
         let bg = std::thread::Builder::new()
@@ -581,6 +585,15 @@ fn background(sh: &Shared) {
                 sh.wake_all();
             }
             while let Some(ev) = sh.vctx.get_async_event(Duration::ZERO) {
+                match &sh.node {
+                    // The contexts of a node share its device: every one of them hears
+                    // every event and acts on what concerns it.
+                    Some(n) => n.share_event(ev),
+                    None => on_async_event(sh, &mut st, ev),
+                }
+            }
+            let mine: Vec<AsyncEvent> = sh.node_events.lock().drain(..).collect();
+            for ev in mine {
                 on_async_event(sh, &mut st, ev);
             }
             let now = Instant::now();
@@ -661,6 +674,24 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
             }
         }
         AsyncEvent::PortActive(port) => rearm(sh, st, Some(port)),
+        AsyncEvent::SrqError(srq) if srq == sh.srq.handle() => {
+            // Nothing can arrive any more: the receive queue every endpoint shares is gone
+            // (for a node shared by processes, the process hosting its domain went away).
+            tracing::warn!("the context's shared receive queue failed; every endpoint is down");
+            let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
+            for k in keys {
+                sh.fail(
+                    st,
+                    k,
+                    rdmx_core::DisconnectCause::TransportError(
+                        "the context's shared receive queue failed (SrqError; on a node \
+                         shared by processes, its domain's host went away)"
+                            .into(),
+                    ),
+                );
+            }
+            sh.wake_all();
+        }
         AsyncEvent::QpFatal(qpn)
         | AsyncEvent::QpAccessError(qpn)
         | AsyncEvent::QpRequestError(qpn) => {

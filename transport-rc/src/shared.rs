@@ -136,6 +136,9 @@ pub(crate) struct Shared {
     pub(crate) ports: u8,
     /// XRC: the node (device and XRC domain) the context lives on.
     pub(crate) node: Option<Arc<crate::xrc::NodeInner>>,
+    /// Device events of this context's node, shared out by whichever context of the node
+    /// read them from the device (`NodeInner::share_event`).
+    pub(crate) node_events: Mutex<VecDeque<rdmx_verbs::AsyncEvent>>,
     /// XRC: one connection exchange at a time per context (they share initiators).
     pub(crate) xrc_lock: Mutex<()>,
     pub(crate) context_id: u64,

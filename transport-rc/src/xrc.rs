@@ -68,9 +68,21 @@ pub(crate) struct NodeInner {
     /// Target queue pairs this process created, by (remote node, remote initiator QP
     /// number).
     targets: Mutex<HashMap<(u64, u32), QueuePair>>,
+    /// The node's contexts, which share its device and so its events.
+    pub(crate) contexts: Mutex<Vec<std::sync::Weak<Shared>>>,
 }
 
 impl NodeInner {
+    /// Hands a device event to every live context of the node (each acts on its own
+    /// objects; before, only the context that read the event heard of it).
+    pub(crate) fn share_event(&self, ev: rdmx_verbs::AsyncEvent) {
+        let mut ctxs = self.contexts.lock();
+        ctxs.retain(|w| w.strong_count() > 0);
+        for c in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
+            c.node_events.lock().push_back(ev);
+        }
+    }
+
     /// Where the node's targets receive, when another process hosts the domain.
     pub(crate) fn target_path(&self) -> Option<PathInfo> {
         if !self.xrcd.is_remote() {
@@ -159,6 +171,7 @@ impl Node {
                 xrcd,
                 id,
                 targets: Mutex::new(HashMap::new()),
+                contexts: Mutex::new(Vec::new()),
             }),
         })
     }

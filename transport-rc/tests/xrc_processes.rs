@@ -276,3 +276,65 @@ fn a_claimed_target_the_node_does_not_have_is_refused() {
     assert!(rogue.join().unwrap(), "the rogue got no target");
     assert_eq!(server.endpoint_count(), 0);
 }
+
+/// The node ends with the process hosting its domain (soft provider): when that process is
+/// killed, the endpoints that ran through it fail in bounded time on both sides, and nothing
+/// hangs. Here the other node's endpoints to the surviving process report the peer
+/// unreachable, and the surviving process sees its peers go silent and exits normally.
+#[test]
+fn killing_the_host_process_fails_the_node_in_bounded_time() {
+    let file = std::env::temp_dir().join(format!("rdmx-node-kill-{}", std::process::id()));
+    let env = [
+        ("RDMX_TEST_XRCD_FILE", file.display().to_string()),
+        ("RDMX_PEER_TIMEOUT_MS", "1500".to_string()),
+    ];
+    let host = common::ChildProc::spawn("child_shared_node_process", &env);
+    host.expect_line("LISTEN", Duration::from_secs(30));
+    let member = common::ChildProc::spawn("child_shared_node_process", &env);
+    let member_addrs = member.expect_line("LISTEN", Duration::from_secs(30));
+    let node = Node::open("soft:127.0.0.1").unwrap();
+    let ctxs: Vec<Context> = (0..PER_PROC)
+        .map(|_| {
+            Context::builder()
+                .node(&node)
+                .srq_depth(256)
+                .peer_timeout(Duration::from_millis(1500))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut eps = Vec::new();
+    for c in &ctxs {
+        for a in member_addrs.split_whitespace() {
+            eps.push(c.connect(a).unwrap());
+        }
+    }
+    for ep in &eps {
+        ep.send_timeout(b"before", Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
+            b"before"
+        );
+    }
+    let killed = std::time::Instant::now();
+    drop(host);
+    for (i, ep) in eps.iter().enumerate() {
+        // A send may still be accepted locally; the failure shows on the endpoint.
+        let _ = ep.send_timeout(b"after", Duration::from_secs(5));
+        match ep.recv_timeout(Duration::from_secs(20)) {
+            Err(Error::Disconnected(_)) => {}
+            other => panic!("endpoint {i}: expected a disconnect, got {other:?}"),
+        }
+    }
+    let parent_side = killed.elapsed();
+    // The member process's echo loops end on their own (peer timeout) and it exits.
+    member.expect_line("COUNTS", Duration::from_secs(30));
+    member.wait_ok(Duration::from_secs(20));
+    eprintln!(
+        "host killed: every endpoint of the other node failed within {parent_side:?}, and \
+         the surviving process of the node finished within {:?}",
+        killed.elapsed()
+    );
+    assert!(parent_side < Duration::from_secs(20));
+    let _ = std::fs::remove_file(&file);
+}
