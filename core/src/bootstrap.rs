@@ -176,6 +176,9 @@ pub struct EndpointInfo {
     /// XRC: where this side's node's target queue pairs receive, when that is not
     /// `primary` (soft provider: an XRC domain hosted by another process of the node).
     pub xrc_target_path: Option<PathInfo>,
+    /// XRC: with `xrc_target_path`, the alternate path to the node's targets (the hosting
+    /// process's second port), when it has two.
+    pub xrc_target_alt: Option<PathInfo>,
     /// XRC: the target queue pair of the peer's node that this side's initiator already
     /// sends to (connected for another endpoint, possibly to another process of that
     /// node); the peer uses it instead of making a new one.
@@ -517,6 +520,9 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
     }
     if let Some(targets) = &info.xrc_target_path {
         validate_path("XRC target", targets)?;
+    }
+    if let Some(targets) = &info.xrc_target_alt {
+        validate_path("XRC target alternate", targets)?;
     }
     Ok(())
 }
@@ -1009,6 +1015,7 @@ mod tests {
             tag: 0xFFFF,
             xrc_target: Some(0x00AB_CDEF),
             xrc_target_path: None,
+            xrc_target_alt: None,
             xrc_in_use: Some(7),
         }
     }
@@ -1361,6 +1368,7 @@ mod tests {
                 0..=0xFFFFu32,
                 proptest::option::of(0..=MAX_24BIT),
                 proptest::option::of(arb_path()),
+                proptest::option::of(arb_path()),
                 proptest::option::of(0..=MAX_24BIT),
             ),
         )
@@ -1368,7 +1376,7 @@ mod tests {
                 |(
                     (transport, qpn, psn, mtu, primary, alternate, srq_nums),
                     (credits, mailbox_addr, mailbox_rkey, max_message, eager_limit, context_id),
-                    (node_id, tag, xrc_target, xrc_target_path, xrc_in_use),
+                    (node_id, tag, xrc_target, xrc_target_path, xrc_target_alt, xrc_in_use),
                 )| EndpointInfo {
                     transport,
                     qpn,
@@ -1387,6 +1395,7 @@ mod tests {
                     tag,
                     xrc_target,
                     xrc_target_path,
+                    xrc_target_alt,
                     xrc_in_use,
                 },
             )

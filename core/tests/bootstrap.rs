@@ -104,6 +104,7 @@ fn info(qpn: u32) -> EndpointInfo {
         tag: 7,
         xrc_target: None,
         xrc_target_path: None,
+        xrc_target_alt: None,
         xrc_in_use: None,
     }
 }

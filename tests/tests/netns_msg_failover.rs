@@ -67,7 +67,23 @@ fn xrc_endpoint_fails_over_on_link_down() {
     failover("xrc");
 }
 
+/// XRC through a node shared by two processes: the server is a member of a node whose
+/// domain another process of its host hosts (`RDMX_XRC_DOMAIN`), so the client's messages
+/// arrive at that process's target and are handed to the server. The client's initiator
+/// fails over to the hosting process's second port.
+#[test]
+fn xrc_endpoint_fails_over_through_a_shared_node() {
+    if !require_netns_or_skip("xrc_endpoint_fails_over_through_a_shared_node") {
+        return;
+    }
+    failover_with("xrc", true);
+}
+
 fn failover(transport: &str) {
+    failover_with(transport, false);
+}
+
+fn failover_with(transport: &str, shared_node: bool) {
     let hosts = Topology::new()
         .host("cli")
         .host("srv")
@@ -76,8 +92,24 @@ fn failover(transport: &str) {
         .build()
         .expect("build the topology");
     let srv_a = hosts.host("srv").addr("A");
+    // With a shared node, a first process on the server's host opens the node (and so
+    // hosts its domain) and then only waits; the server joins that node.
+    let domain = std::env::temp_dir().join(format!("rdmx-netns-node-{}", hosts.run_id()));
+    let node_host = shared_node.then(|| {
+        let mut c = role("msg-server", &device(&hosts, "srv"), transport);
+        c.args(["--listen", &format!("{srv_a}:0")])
+            .env("RDMX_XRC_DOMAIN", &domain);
+        let p = hosts
+            .spawn_with_timeout("srv", c, LIMIT + Duration::from_secs(10))
+            .expect("start the node's host");
+        wait_for_line(&p, "LISTEN", WAIT).unwrap_or_else(|e| panic!("{e}"));
+        p
+    });
     let mut c = role("msg-server", &device(&hosts, "srv"), transport);
     c.args(["--listen", &format!("{srv_a}:0")]);
+    if shared_node {
+        c.env("RDMX_XRC_DOMAIN", &domain);
+    }
     let server = hosts
         .spawn_with_timeout("srv", c, LIMIT + Duration::from_secs(10))
         .expect("start the server");
@@ -137,7 +169,7 @@ fn failover(transport: &str) {
         detail()
     );
     eprintln!(
-        "MSG_FAILOVER transport={transport} client_event_ms={:.1} server_event_ms={:.1} \
+        "MSG_FAILOVER transport={transport} shared_node={shared_node} client_event_ms={:.1} server_event_ms={:.1} \
          client_rearm_ms={:.1} server_rearm_ms={:.1}",
         (cli_event - cut) as f64 / 1e6,
         (srv_event - cut) as f64 / 1e6,
@@ -155,7 +187,8 @@ fn failover(transport: &str) {
         detail()
     );
 
-    drop((server, client));
+    drop((server, client, node_host));
+    let _ = std::fs::remove_file(&domain);
     let run_id = hosts.run_id().to_string();
     drop(hosts);
     let left: Vec<String> = list_netns()

@@ -264,7 +264,12 @@ pub(crate) fn register(
         node_id: xrc.map_or(0, |n| n.id),
         tag: key as u32,
         xrc_target: None,
-        xrc_target_path: xrc.and_then(|n| n.target_path()),
+        xrc_target_path: xrc.and_then(|n| n.target_path(1)),
+        xrc_target_alt: if sh.ports >= 2 {
+            xrc.and_then(|n| n.target_path(2))
+        } else {
+            None
+        },
         xrc_in_use: None,
     };
     st.eps.insert(Ep {
@@ -335,10 +340,16 @@ pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
         ep.peer_eager_limit = peer.eager_limit as usize;
         ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
         ep.last_rx = Instant::now();
+        // The paths the endpoint's queue pair sends on (re-armed after a migration): the
+        // peer's ports, or with XRC towards a node hosted by another process, that host's.
+        let paths = match &peer.xrc_target_path {
+            Some(p) => peer.xrc_target_alt.as_ref().map(|a| (p, a)),
+            None => peer.alternate.as_ref().map(|a| (&peer.primary, a)),
+        };
         if sh.ports >= 2
-            && let Some(alt) = &peer.alternate
+            && let Some((p, alt)) = paths
         {
-            ep.paths = Some([peer.primary.clone(), alt.clone()]);
+            ep.paths = Some([p.clone(), alt.clone()]);
         }
     }
     sh.after(&mut st);

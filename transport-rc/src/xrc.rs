@@ -32,9 +32,9 @@
 //! exchange which target of the other's node its initiator already sends to
 //! (`xrc_in_use`), and the other side then uses that target, whichever process of its node
 //! created it, instead of making one. On the soft provider the domain's targets receive at
-//! the process hosting the domain, which every side announces (`xrc_target_path`); an
-//! initiator towards such a node is connected without an alternate path (the host's second
-//! port is not announced yet).
+//! the process hosting the domain, which every side announces (`xrc_target_path`, and
+//! `xrc_target_alt` for the host's second port, the alternate path of initiators towards
+//! the node).
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
@@ -83,16 +83,16 @@ impl NodeInner {
         }
     }
 
-    /// Where the node's targets receive, when another process hosts the domain.
-    pub(crate) fn target_path(&self) -> Option<PathInfo> {
+    /// Where the node's targets receive on `port`, when another process hosts the domain.
+    pub(crate) fn target_path(&self, port: u8) -> Option<PathInfo> {
         if !self.xrcd.is_remote() {
             return None;
         }
-        let a = self.xrcd.target_addr(1).ok()?;
+        let a = self.xrcd.target_addr(port).ok()?;
         Some(PathInfo {
             gid: rdmx_verbs::Gid::from_ip(a.ip()).0,
             udp_port: a.port(),
-            port_num: 1,
+            port_num: port,
         })
     }
 }
@@ -316,9 +316,12 @@ fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInf
         // The peer node's targets receive at its domain's host when that is another process.
         let path = peer.xrc_target_path.as_ref().unwrap_or(&peer.primary);
         connect_initiator(sh, ini, target, path, peer.mtu)?;
+        let alt = match &peer.xrc_target_path {
+            Some(_) => peer.xrc_target_alt.as_ref(),
+            None => peer.alternate.as_ref(),
+        };
         if sh.ports >= 2
-            && peer.xrc_target_path.is_none()
-            && let Some(alt) = &peer.alternate
+            && let Some(alt) = alt
         {
             crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
         }

@@ -78,6 +78,7 @@ impl Rogue {
             tag: 0,
             xrc_target: None,
             xrc_target_path: None,
+            xrc_target_alt: None,
             xrc_in_use: None,
         };
         let deadline = Instant::now() + Duration::from_secs(5);

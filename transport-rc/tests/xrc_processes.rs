@@ -253,6 +253,7 @@ fn a_claimed_target_the_node_does_not_have_is_refused() {
             tag: 3,
             xrc_target: None,
             xrc_target_path: None,
+            xrc_target_alt: None,
             xrc_in_use: None,
         };
         let deadline = Instant::now() + Duration::from_secs(5);
