@@ -371,6 +371,30 @@ fn member_process_on_a_closed_host_gets_errors() {
     let _ = std::fs::remove_file(&path);
 }
 
+#[test]
+fn a_file_deleted_and_created_again_is_a_new_domain() {
+    if !soft_only("a_file_deleted_and_created_again_is_a_new_domain") {
+        return;
+    }
+    let path = domain_file("again");
+    let first = side(&path);
+    std::fs::remove_file(&path).unwrap();
+    // The host keeps the old file's inode alive, so the new file cannot be mistaken for it.
+    let second = side(&path);
+    assert!(!first.xrcd.is_remote() && !second.xrcd.is_remote());
+    assert_ne!(
+        first.xrcd.target_addr(1).unwrap(),
+        second.xrcd.target_addr(1).unwrap()
+    );
+    let third = side(&path);
+    assert_eq!(
+        third.xrcd.target_addr(1).unwrap(),
+        second.xrcd.target_addr(1).unwrap(),
+        "later openers join the new domain"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
 const CHILD_ENV: &str = "RDMX_XRCD_CHILD_ADDR";
 
 #[test]

@@ -53,6 +53,8 @@ pub(crate) struct Host {
     /// names, so this one only satisfies the QP's creation).
     target_pd: u32,
     listener: Socket,
+    /// The domain file, open while the domain lives (see `socket_name`).
+    _file: std::fs::File,
     routes: Mutex<Routes>,
     stopped: AtomicBool,
     next_member: AtomicU64,
@@ -77,6 +79,7 @@ impl Host {
         dev: &Arc<Shared>,
         listener: Socket,
         name: Vec<u8>,
+        file: std::fs::File,
     ) -> Result<Arc<Self>, crate::error::VerbsError> {
         let (xrcd, target_pd) = dev.with_nic(|n, _| (n.alloc_xrcd(), n.alloc_pd()));
         let host = Arc::new(Self {
@@ -85,6 +88,7 @@ impl Host {
             xrcd,
             target_pd,
             listener,
+            _file: file,
             routes: Mutex::new(Routes::default()),
             stopped: AtomicBool::new(false),
             next_member: AtomicU64::new(1),

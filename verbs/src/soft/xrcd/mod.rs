@@ -115,8 +115,11 @@ pub(crate) enum Attached {
     Member(Arc<Client>),
 }
 
-/// The abstract socket name for the domain file at `path` (created if missing).
-fn socket_name(path: &Path) -> Result<Vec<u8>, VerbsError> {
+/// The abstract socket name for the domain file at `path` (created if missing), and the
+/// open file. A host keeps the file open for as long as it serves the domain, as the kernel
+/// does for an XRC domain: the inode cannot be freed and reused by another file meanwhile,
+/// so a file deleted and created again names a new domain, never the old one.
+fn socket_name(path: &Path) -> Result<(Vec<u8>, std::fs::File), VerbsError> {
     let io = |op| move |source| VerbsError::Io { op, source };
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -126,13 +129,16 @@ fn socket_name(path: &Path) -> Result<Vec<u8>, VerbsError> {
         .open(path)
         .map_err(io("open XRC domain file"))?;
     let m = f.metadata().map_err(io("stat XRC domain file"))?;
-    Ok(format!("\0rdmx-xrcd-{:x}-{:x}", m.dev(), m.ino()).into_bytes())
+    Ok((
+        format!("\0rdmx-xrcd-{:x}-{:x}", m.dev(), m.ino()).into_bytes(),
+        f,
+    ))
 }
 
 /// Opens the shared domain of the file at `path` on device `dev`: hosts it if nobody does
 /// yet, joins it otherwise.
 pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsError> {
-    let name = socket_name(path)?;
+    let (name, file) = socket_name(path)?;
     let io = |op| move |source| VerbsError::Io { op, source };
     let addr = SockAddr::unix(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name))
         .map_err(io("XRC domain socket name"))?;
@@ -155,7 +161,7 @@ pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsErro
             Ok(()) => {
                 s.listen(64)
                     .map_err(io("listen on the XRC domain socket"))?;
-                let host = Host::start(dev, s, name)?;
+                let host = Host::start(dev, s, name, file)?;
                 let xrcd = host.xrcd();
                 let links = dev.xrc_links();
                 links.hosts.lock().push(host);
