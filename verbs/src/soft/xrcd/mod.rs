@@ -7,7 +7,8 @@
 //!
 //! * The first process to open the file **hosts** the domain: its soft NIC owns the
 //!   domain's target QPs and XRC SRQs and is where remote initiators send. It listens on an
-//!   abstract Unix socket named after the file's device and inode.
+//!   abstract Unix socket named after the file's device and inode, and keeps the file open
+//!   meanwhile (as the kernel does), so that the inode cannot be reused by another file.
 //! * Every later process (or another device of the same process) is a **member**: it
 //!   connects to that socket. Its XRC SRQs and targets are created in the host's NIC, its
 //!   memory registrations are mirrored there under the member's own keys, and the host
