@@ -172,8 +172,9 @@ impl Client {
         (&self.sock)
             .write(&Frame::Request(req).encode())
             .map_err(|_| gone())?;
-        // The reader thread always delivers the answer; the caller reads it itself when it
-        // comes quickly (a short spin), which saves the reader's wake-up and hand-over.
+        // Whoever reads the socket stores the answer in `reply`: this thread (a short spin
+        // first, which saves a wake-up and a hand-over), a thread busy-polling the device,
+        // or the reader thread.
         let spin_until = crate::soft::driver::clock::monotonic() + RPC_SPIN;
         let deadline = crate::soft::driver::clock::monotonic() + RPC_TIMEOUT;
         loop {
@@ -193,6 +194,9 @@ impl Client {
             }
             let now = crate::soft::driver::clock::monotonic();
             if now >= deadline {
+                // A late answer could be taken for the next request's: the link is given up.
+                drop(r);
+                let _ = self.sock.shutdown(Shutdown::Both);
                 return Err(VerbsError::Io {
                     op: "wait for the shared XRC domain's host",
                     source: std::io::Error::from(std::io::ErrorKind::TimedOut),
