@@ -195,3 +195,114 @@ pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsErro
         source: last.unwrap_or_else(|| std::io::Error::other("no host")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::soft::xrcd::proto::{Frame, Reply, Request};
+
+    fn raw_member(path: &Path) -> Socket {
+        let (name, _file) = socket_name(path).unwrap();
+        let addr =
+            SockAddr::unix(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name))
+                .unwrap();
+        let s = Socket::new(Domain::UNIX, Type::SEQPACKET, None).unwrap();
+        s.connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    /// Reads until the host closes the connection; returns the frames it sent first.
+    fn until_closed(s: &Socket) -> Vec<Option<Frame>> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match (&*s).read(&mut buf) {
+                Ok(0) => return got,
+                Ok(n) => got.push(Frame::decode(&buf[..n])),
+                Err(e) => panic!("the host neither answered nor closed: {e}"),
+            }
+        }
+    }
+
+    /// A process that connects to a domain's socket and misbehaves is dropped; the host and
+    /// its well-behaved members carry on.
+    #[test]
+    fn a_misbehaving_member_is_dropped_and_others_carry_on() {
+        let path = std::env::temp_dir().join(format!("rdmx-xrcd-hostile-{}", std::process::id()));
+        let host = crate::Device::open("soft:127.0.0.1").unwrap();
+        let xrcd = host.open_xrcd_file(&path).unwrap();
+        assert!(!xrcd.is_remote());
+
+        // Garbage instead of a frame.
+        let s = raw_member(&path);
+        (&s).write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        assert!(until_closed(&s).is_empty());
+
+        // A request before the greeting.
+        let s = raw_member(&path);
+        (&s).write_all(&Frame::Request(Request::CreateTarget).encode())
+            .unwrap();
+        assert!(until_closed(&s).is_empty());
+
+        // Another protocol version: told why, then closed.
+        let s = raw_member(&path);
+        (&s).write_all(&Frame::Request(Request::Hello { version: 99 }).encode())
+            .unwrap();
+        let got = until_closed(&s);
+        assert!(
+            matches!(&got[..], [Some(Frame::Reply(Reply::Failed { text, .. }))] if text.contains("99")),
+            "{got:?}"
+        );
+
+        // Greeted, then asking for objects that are not its own.
+        let s = raw_member(&path);
+        (&s).write_all(
+            &Frame::Request(Request::Hello {
+                version: proto::VERSION,
+            })
+            .encode(),
+        )
+        .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = (&s).read(&mut buf).unwrap();
+        assert!(matches!(
+            Frame::decode(&buf[..n]),
+            Some(Frame::Reply(Reply::Welcome { .. }))
+        ));
+        for req in [
+            Request::DestroySrq { srq: 1 },
+            Request::QuerySrq { srq: 1 },
+            Request::ModifyQp {
+                qpn: crate::types::Qpn(1),
+                attr: Box::default(),
+                mask: crate::types::QpAttrMask::STATE,
+            },
+            Request::DeregMr { key: 1 },
+        ] {
+            (&s).write_all(&Frame::Request(req).encode()).unwrap();
+            let n = (&s).read(&mut buf).unwrap();
+            let reply = Frame::decode(&buf[..n]);
+            assert!(
+                matches!(reply, Some(Frame::Reply(Reply::Missing | Reply::Value(0)))),
+                "{reply:?}"
+            );
+        }
+        drop(s);
+
+        // A well-behaved member still joins and works.
+        let member = crate::Device::open("soft:127.0.0.1").unwrap();
+        let m = member.open_xrcd_file(&path).unwrap();
+        assert!(m.is_remote());
+        let pd = member.alloc_pd().unwrap();
+        let cq = member.create_cq(16, None).unwrap();
+        let srq = pd
+            .create_xrc_srq(&m, &cq, &crate::srq::SrqInitAttr::default())
+            .unwrap();
+        assert_eq!(srq.query().unwrap().posted, Some(0));
+        let _ = std::fs::remove_file(&path);
+    }
+}
