@@ -471,7 +471,7 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
             ep.keepalive_at = Some(now);
         }
     }
-    crate::recall::tick(sh, st, now, sh.keepalive_tick());
+    crate::recall::tick(sh, st, now, sh.keepalive_tick(), true);
     for k in expired {
         sh.fail(
             st,

@@ -568,6 +568,7 @@ pub(crate) fn wait_until<T>(
 fn background(sh: &Shared) {
     let tick = sh.keepalive_tick();
     let mut next_keepalive = Instant::now() + tick;
+    let mut sleep;
     while !sh.stop.load(Ordering::Acquire) {
         // Sleep on the completion channel armed when no application thread is polling, or
         // when one is waiting for us to wake it.
@@ -601,12 +602,20 @@ fn background(sh: &Shared) {
                 rearm(sh, &mut st, None);
                 crate::conn::keepalive(sh, &mut st, now);
                 next_keepalive = now + tick;
+            } else if st.recall_pressure {
+                crate::recall::tick(sh, &mut st, now, tick, false);
             }
+            sleep = if st.recall_pressure {
+                crate::recall::PRESSURE_SCAN.min(tick)
+            } else {
+                tick
+            };
         }
         // While an application thread polls, stay asleep for a whole tick: a thread that
         // stops polling to sleep arms the completion queue first, which wakes us at once,
-        // and waking up more often only steals the polling thread's CPU.
-        let _ = sh.cq.channel().wait_spin(tick, Duration::ZERO);
+        // and waking up more often only steals the polling thread's CPU. While a peer
+        // starves for credits, look again sooner.
+        let _ = sh.cq.channel().wait_spin(sleep, Duration::ZERO);
     }
     // The context is going away: endpoints that still exist keep working through their own
     // progress calls.

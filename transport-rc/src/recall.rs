@@ -55,9 +55,16 @@ pub(crate) fn write_recall(st: &mut State, k: usize) -> bool {
         && post_on(ep, op, PostData::Inline(&bytes), Hold::None, false).is_ok()
 }
 
+/// How often the receiving side looks again while a peer starves (instead of once per
+/// background tick): a starving sender then waits for the idle peers' answer (their tick)
+/// and little more.
+pub(crate) const PRESSURE_SCAN: Duration = Duration::from_millis(5);
+
 /// The background tick: answer the peers' recall requests, apply the credits they gave back,
-/// and take credits from idle peers for starving ones.
-pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration) {
+/// and take credits from idle peers for starving ones. With `answer` false (the quicker
+/// scans while a peer starves, see [`PRESSURE_SCAN`]), requests from peers are left for the
+/// next full tick: whether we are idle is judged over a whole tick.
+pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration, answer: bool) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
@@ -96,6 +103,9 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
         if theirs.starving && ep.recv.outstanding() == 0 {
             starving.push(k);
         }
+        if !answer {
+            continue;
+        }
         // A request from the peer: if we sent nothing since the previous tick, give back
         // what it asks for.
         let idle_sender = ep.send.sent == ep.recall.sent_at_tick;
@@ -126,6 +136,8 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration
     if freed > 0 {
         st.stats.credits_recalled += freed;
     }
+    // Scan again soon while a peer starves.
+    st.recall_pressure = !starving.is_empty();
     if !starving.is_empty() {
         feed_starving(sh, st, &keys, &starving, now, idle_for, &mut freed);
     }

@@ -69,6 +69,8 @@ pub(crate) struct State {
     /// Eager receive buffers held by the application or queued in inboxes.
     pub(crate) held: u64,
     pub(crate) needy: VecDeque<usize>,
+    /// A peer starved at the last recall scan: scan again after `recall::PRESSURE_SCAN`.
+    pub(crate) recall_pressure: bool,
     /// Endpoints with a deliverable message, for `Context::recv` (see `inbox.rs`).
     pub(crate) ready: VecDeque<usize>,
     /// Endpoints with a mailbox update to write.
@@ -97,6 +99,7 @@ impl State {
             budget: Budget::new(cfg.srq_depth, cfg.credits),
             held: 0,
             needy: VecDeque::new(),
+            recall_pressure: false,
             ready: VecDeque::new(),
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
