@@ -248,6 +248,16 @@ impl Shared {
             (Some(Ok(h)), Some(_)) => h,
             (parsed, key) => {
                 st.stats.stray_completions += 1;
+                tracing::debug!(
+                    status = ?c.status,
+                    qpn,
+                    opcode = ?c.opcode,
+                    byte_len = c.byte_len,
+                    tag = ?by_tag,
+                    recv_qpn = ?by_tag.and_then(|k| st.eps.get(k)).map(|e| e.recv_qpn),
+                    header_ok = matches!(parsed, Some(Ok(_))),
+                    "stray receive completion"
+                );
                 let cause = match parsed {
                     Some(Err(e)) => {
                         st.stats.protocol_errors += 1;

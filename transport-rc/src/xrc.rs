@@ -399,6 +399,9 @@ pub(crate) fn connect(
             xrc_in_use: target_in_use(sh, peer.node_id),
             ..info
         };
+        // The peer may send as soon as it has our target: route what arrives through it
+        // to this endpoint before telling it.
+        attach(sh, key, Arc::clone(&ini), my_target);
         bootstrap::send_frame(&mut stream, &Frame::Hello(second), deadline)?;
         let their_target = bootstrap::expect_xrc_target(&mut stream, deadline)?;
         finish(sh, key, ini, my_target, their_target, &peer)
@@ -440,6 +443,9 @@ pub(crate) fn accept(
             .xrc_target
             .ok_or_else(|| Error::Protocol("the second XRC hello has no target".into()))?;
         let my_target = target_for(sh, &node, &peer)?;
+        // The peer sends as soon as it has our target (before we finish here): route what
+        // arrives through it to this endpoint first.
+        attach(sh, key, Arc::clone(&ini), my_target);
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
         finish(sh, key, ini, my_target, their_target, &peer)
     })();

@@ -339,3 +339,176 @@ fn killing_the_host_process_fails_the_node_in_bounded_time() {
     assert!(parent_side < Duration::from_secs(20));
     let _ = std::fs::remove_file(&file);
 }
+
+/// The XRC exchange ends with each side learning the other's target; a peer may send the
+/// moment it knows ours, before our side of the exchange has finished. Such a message must
+/// reach the endpoint. (It used to be dropped as a stray completion: the target was routed to
+/// the endpoint only after the exchange. Found as a lost first message under CPU stress.)
+/// Here a hand-driven XRC peer sends its first message before it even answers with its own
+/// target.
+#[test]
+fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
+    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+    use rdmx_core::header::{Header, Kind};
+    use rdmx_verbs::{
+        AccessFlags, AhAttr, Device, Gid, Mtu, QpAttr, QpAttrMask as M, QpInitAttr, QpState,
+        SendWr, SrqInitAttr, WcStatus, WorkCompletion,
+    };
+    use std::time::Instant;
+
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let xrcd = ctx.open_xrcd().unwrap();
+        let srq = pd
+            .create_xrc_srq(&xrcd, &cq, &SrqInitAttr::default())
+            .unwrap();
+        let mailbox = pd
+            .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
+        let tgt = pd.create_xrc_target_qp(&xrcd).unwrap();
+        let here = ctx.port_addr(1).unwrap();
+        let path = PathInfo {
+            gid: Gid::from_ip(here.ip()).0,
+            udp_port: here.port(),
+            port_num: 1,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (mut s, _) = tcp.accept().unwrap();
+        let hello = bootstrap::expect_hello(&mut s, deadline).unwrap();
+        let me = EndpointInfo {
+            transport: TransportKind::Xrc,
+            qpn: ini.qp_num().0,
+            psn: 500,
+            mtu: 4096,
+            primary: path.clone(),
+            alternate: None,
+            srq_nums: vec![srq.srq_num()],
+            credits: 8,
+            mailbox_addr: mailbox.addr(),
+            mailbox_rkey: mailbox.rkey().0,
+            max_message: 1 << 20,
+            eager_limit: 32 << 10,
+            context_id: 77,
+            node_id: 77,
+            tag: 0,
+            xrc_target: None,
+            xrc_target_path: None,
+            xrc_target_alt: None,
+            xrc_in_use: None,
+        };
+        bootstrap::send_frame(&mut s, &Frame::Accept(me), deadline).unwrap();
+        let second = bootstrap::expect_hello(&mut s, deadline).unwrap();
+        let their_target = second.xrc_target.expect("the connector's target");
+        let av = AhAttr::new(Gid(hello.primary.gid)).with_udp_port(hello.primary.udp_port);
+        // Our initiator -> the connector's target.
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            ..QpAttr::default()
+        };
+        let mask = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+        ini.modify(&init, mask).unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: av,
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: their_target,
+            ..QpAttr::default()
+        };
+        ini.modify(
+            &rtr,
+            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+        )
+        .unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: 500,
+            max_rd_atomic: 4,
+            ..QpAttr::default()
+        };
+        ini.modify(
+            &rts,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+        // The first message, before the exchange ends.
+        let h = Header {
+            kind: Kind::Data,
+            tag: hello.tag as u16,
+            grant: 8,
+            rndv_done: 0,
+            len: 5,
+        };
+        let mut msg = h.to_bytes().to_vec();
+        msg.extend_from_slice(b"early");
+        let their_srq = hello.srq_nums[0];
+        ini.post_send(&SendWr::send_inline(1, &msg).signaled().to_srq(their_srq))
+            .unwrap();
+        let mut wc = [WorkCompletion::EMPTY; 4];
+        let until = Instant::now() + Duration::from_secs(5);
+        let n = loop {
+            let n = cq.poll(&mut wc);
+            if n > 0 || Instant::now() > until {
+                break n;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(n > 0 && wc[0].status == WcStatus::Success, "{:?}", &wc[..n]);
+        // Now our target for the connector's initiator, and the last frame.
+        tgt.modify(&init, mask).unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: av,
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: second.qpn,
+            rq_psn: second.psn,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        };
+        tgt.modify(
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: 14,
+            ..QpAttr::default()
+        };
+        tgt.modify(&rts, M::STATE | M::TIMEOUT | M::SQ_PSN).unwrap();
+        bootstrap::send_frame(&mut s, &Frame::XrcTarget(tgt.qp_num().0), deadline).unwrap();
+        // Stay until the connector has read the message.
+        let mut b = [0u8; 1];
+        let _ = std::io::Read::read(&mut s, &mut b);
+        drop((ini, tgt, srq, mailbox, cq));
+    });
+    let ctx = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .srq_depth(64)
+        .build()
+        .unwrap();
+    let ep = ctx.connect(addr).unwrap();
+    let m = ep
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the message sent before the exchange ended");
+    assert_eq!(&m[..], b"early");
+    assert_eq!(ctx.stats().stray_completions, 0);
+    drop(ep);
+    peer.join().unwrap();
+}
