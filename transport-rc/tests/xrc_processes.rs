@@ -499,7 +499,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
         drop((ini, tgt, srq, mailbox, cq));
     });
     let ctx = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .transport(TransportKind::Xrc)
         .srq_depth(64)
         .build()
         .unwrap();
