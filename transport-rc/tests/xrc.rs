@@ -190,50 +190,7 @@ fn child_xrc_node() {
     }
     let node = Node::open("soft:127.0.0.1").expect("node");
     let ctxs = node_contexts(&node);
-    let listeners: Vec<_> = ctxs
-        .iter()
-        .map(|c| c.listen("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().to_string())
-        .collect();
-    println!("LISTEN {}", addrs.join(" "));
-    // One acceptor per listener (the parent connects to them in any order), one echo
-    // thread per endpoint.
-    let acceptors: Vec<_> = listeners
-        .into_iter()
-        .map(|l| {
-            std::thread::spawn(move || {
-                let mut echoers = Vec::new();
-                for _ in 0..N_PROC {
-                    let ep = l.accept_timeout(Duration::from_secs(20)).expect("accept");
-                    echoers.push(std::thread::spawn(move || {
-                        loop {
-                            match ep.recv_timeout(Duration::from_secs(20)) {
-                                Ok(m) => {
-                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
-                                }
-                                Err(Error::Disconnected(_)) => break,
-                                Err(e) => panic!("echo: {e}"),
-                            }
-                        }
-                    }));
-                }
-                for e in echoers {
-                    e.join().expect("echo thread");
-                }
-            })
-        })
-        .collect();
-    for a in acceptors {
-        a.join().expect("acceptor");
-    }
-    let initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
-    println!(
-        "COUNTS initiators={initiators} targets={}",
-        node.target_qps()
-    );
+    common::serve_echo_node(&node, &ctxs, N_PROC, Duration::from_secs(20));
 }
 
 /// Two processes, each a node with four XRC contexts (each process has its own soft NIC, as

@@ -37,48 +37,7 @@ fn child_shared_node_process() {
     };
     let node = Node::open_shared("soft:127.0.0.1", &file).expect("shared node");
     let ctxs = contexts(&node);
-    let listeners: Vec<_> = ctxs
-        .iter()
-        .map(|c| c.listen("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().to_string())
-        .collect();
-    println!("LISTEN {}", addrs.join(" "));
-    let acceptors: Vec<_> = listeners
-        .into_iter()
-        .map(|l| {
-            std::thread::spawn(move || {
-                let mut echoers = Vec::new();
-                for _ in 0..PER_PROC {
-                    let ep = l.accept_timeout(Duration::from_secs(30)).expect("accept");
-                    echoers.push(std::thread::spawn(move || {
-                        loop {
-                            match ep.recv_timeout(Duration::from_secs(30)) {
-                                Ok(m) => {
-                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
-                                }
-                                Err(Error::Disconnected(_)) => break,
-                                Err(e) => panic!("echo: {e}"),
-                            }
-                        }
-                    }));
-                }
-                for e in echoers {
-                    e.join().expect("echo thread");
-                }
-            })
-        })
-        .collect();
-    for a in acceptors {
-        a.join().expect("acceptor");
-    }
-    let initiators: usize = ctxs.iter().map(Context::queue_pairs).sum();
-    println!(
-        "COUNTS initiators={initiators} targets={}",
-        node.target_qps()
-    );
+    common::serve_echo_node(&node, &ctxs, PER_PROC, Duration::from_secs(30));
 }
 
 fn counts(line: &str) -> (usize, usize) {

@@ -114,3 +114,59 @@ pub fn check(buf: &[u8]) -> u32 {
     }
     i
 }
+
+/// A child process serving a node: every context listens (printed as `LISTEN <addr> ...`),
+/// accepts `per_listener` endpoints and echoes on each until its peer disconnects; then the
+/// node's queue pairs are printed as `COUNTS initiators=<n> targets=<n>`. `wait` bounds every
+/// accept and receive.
+pub fn serve_echo_node(
+    node: &rdmx_rc::Node,
+    ctxs: &[rdmx_rc::Context],
+    per_listener: usize,
+    wait: Duration,
+) {
+    let listeners: Vec<_> = ctxs
+        .iter()
+        .map(|c| c.listen("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().to_string())
+        .collect();
+    println!("LISTEN {}", addrs.join(" "));
+    // One acceptor per listener (the parent connects to them in any order), one echo
+    // thread per endpoint.
+    let acceptors: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                let mut echoers = Vec::new();
+                for _ in 0..per_listener {
+                    let ep = l.accept_timeout(wait).expect("accept");
+                    echoers.push(std::thread::spawn(move || {
+                        loop {
+                            match ep.recv_timeout(wait) {
+                                Ok(m) => {
+                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
+                                }
+                                Err(rdmx_core::Error::Disconnected(_)) => break,
+                                Err(e) => panic!("echo: {e}"),
+                            }
+                        }
+                    }));
+                }
+                for e in echoers {
+                    e.join().expect("echo thread");
+                }
+            })
+        })
+        .collect();
+    for a in acceptors {
+        a.join().expect("acceptor");
+    }
+    let initiators: usize = ctxs.iter().map(rdmx_rc::Context::queue_pairs).sum();
+    println!(
+        "COUNTS initiators={initiators} targets={}",
+        node.target_qps()
+    );
+}

@@ -21,7 +21,9 @@ fn ah(gid: [u8; 16], port: u16) -> AhAttr {
     AhAttr::new(Gid(gid)).with_udp_port(port)
 }
 
-fn connect_ini(qp: &QueuePair, peer_qpn: u32, peer: AhAttr, psn: u32, peer_psn: u32) {
+/// Brings an XRC initiator to RTS towards target `peer_qpn` (also checks that it refuses the
+/// responder attributes RC needs).
+pub(crate) fn connect_ini(qp: &QueuePair, peer_qpn: u32, peer: AhAttr, psn: u32, peer_psn: u32) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -64,11 +66,15 @@ fn connect_ini(qp: &QueuePair, peer_qpn: u32, peer: AhAttr, psn: u32, peer_psn: 
     .unwrap();
 }
 
-fn connect_tgt(qp: &QueuePair, peer_qpn: u32, peer: AhAttr, psn: u32, peer_psn: u32) {
+/// Brings an XRC target to RTS for initiator `peer_qpn` (remote write, read and atomics
+/// allowed).
+pub(crate) fn connect_tgt(qp: &QueuePair, peer_qpn: u32, peer: AhAttr, psn: u32, peer_psn: u32) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
         ..QpAttr::default()
     };
     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)

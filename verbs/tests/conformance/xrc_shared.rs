@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rdmx_verbs::{
-    AccessFlags, AhAttr, AsyncEvent, CompletionQueue, Context, Gid, MemoryRegion, Mtu, QpAttr,
-    QpAttrMask as M, QpInitAttr, QpState, QueuePair, RecvWr, Rkey, SendWr, SharedReceiveQueue,
-    SrqInitAttr, VerbsError, WcOpcode, WcStatus, WrOpcode, XrcDomain,
+    AccessFlags, AhAttr, AsyncEvent, CompletionQueue, Context, Gid, MemoryRegion, QpInitAttr,
+    QpState, QueuePair, RecvWr, Rkey, SendWr, SharedReceiveQueue, SrqInitAttr, VerbsError,
+    WcOpcode, WcStatus, WrOpcode, XrcDomain,
 };
 
 /// A fresh domain file for one test.
@@ -28,82 +28,13 @@ fn ah_to(addr: std::net::SocketAddr) -> AhAttr {
     AhAttr::new(Gid::from_ip(addr.ip())).with_udp_port(addr.port())
 }
 
+/// The initiator sends from PSN 100, the target from 300.
 fn connect_ini(qp: &QueuePair, tgt_qpn: u32, tgt: AhAttr) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: tgt,
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: tgt_qpn,
-        rq_psn: 300,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rtr,
-        M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        sq_psn: 100,
-        max_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    crate::xrc::connect_ini(qp, tgt_qpn, tgt, 100, 300);
 }
 
 fn connect_tgt(qp: &QueuePair, ini_qpn: u32, ini: AhAttr) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: ini,
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: ini_qpn,
-        rq_psn: 100,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 14,
-        sq_psn: 300,
-        ..QpAttr::default()
-    };
-    qp.modify(&rts, M::STATE | M::TIMEOUT | M::SQ_PSN).unwrap();
+    crate::xrc::connect_tgt(qp, ini_qpn, ini, 300, 100);
     assert_eq!(qp.state(), QpState::Rts, "state as the host reports it");
 }
 
