@@ -166,19 +166,6 @@ fn xrc_needs_a_connection_per_node_not_per_context() {
 
 const N_PROC: usize = 4;
 
-/// `N_PROC` XRC contexts on `node`.
-fn node_contexts(node: &Node) -> Vec<Context> {
-    (0..N_PROC)
-        .map(|_| {
-            Context::builder()
-                .node(node)
-                .srq_depth(256)
-                .build()
-                .unwrap()
-        })
-        .collect()
-}
-
 /// Node B of `two_processes_as_two_nodes`: four XRC contexts on one node, each listening;
 /// every accepted endpoint echoes until its peer closes. Prints the listeners, then the
 /// node's queue-pair counts.
@@ -189,7 +176,7 @@ fn child_xrc_node() {
         return;
     }
     let node = Node::open("soft:127.0.0.1").expect("node");
-    let ctxs = node_contexts(&node);
+    let ctxs = common::node_contexts(&node, N_PROC);
     common::serve_echo_node(&node, &ctxs, N_PROC, Duration::from_secs(20));
 }
 
@@ -207,7 +194,7 @@ fn two_processes_as_two_nodes() {
     let addrs: Vec<&str> = listen.split_whitespace().collect();
     assert_eq!(addrs.len(), N_PROC, "{listen}");
     let node = Node::open("soft:127.0.0.1").unwrap();
-    let ctxs = node_contexts(&node);
+    let ctxs = common::node_contexts(&node, N_PROC);
     let mut eps = Vec::new();
     for (i, c) in ctxs.iter().enumerate() {
         for (j, a) in addrs.iter().enumerate() {

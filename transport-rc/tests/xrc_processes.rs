@@ -14,18 +14,6 @@ use rdmx_rc::{Context, Node};
 /// Contexts per process.
 const PER_PROC: usize = 2;
 
-fn contexts(node: &Node) -> Vec<Context> {
-    (0..PER_PROC)
-        .map(|_| {
-            Context::builder()
-                .node(node)
-                .srq_depth(256)
-                .build()
-                .unwrap()
-        })
-        .collect()
-}
-
 /// One process of the shared node: `PER_PROC` listening contexts, each accepting one
 /// endpoint per context of the other node and echoing on it until it closes. Prints its
 /// listeners, then its queue-pair counts.
@@ -36,7 +24,7 @@ fn child_shared_node_process() {
         return;
     };
     let node = Node::open_shared("soft:127.0.0.1", &file).expect("shared node");
-    let ctxs = contexts(&node);
+    let ctxs = common::node_contexts(&node, PER_PROC);
     common::serve_echo_node(&node, &ctxs, PER_PROC, Duration::from_secs(30));
 }
 
@@ -73,7 +61,7 @@ fn one_node_shared_by_two_processes() {
     let member = common::ChildProc::spawn("child_shared_node_process", &env);
     let member_addrs = member.expect_line("LISTEN", Duration::from_secs(30));
     let node = Node::open("soft:127.0.0.1").unwrap();
-    let ctxs = contexts(&node);
+    let ctxs = common::node_contexts(&node, PER_PROC);
     let mut to_host = Vec::new();
     let mut to_member = Vec::new();
     for (i, c) in ctxs.iter().enumerate() {

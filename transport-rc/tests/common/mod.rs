@@ -170,3 +170,16 @@ pub fn serve_echo_node(
         node.target_qps()
     );
 }
+
+/// `n` XRC contexts on `node` (256 receive buffers each).
+pub fn node_contexts(node: &rdmx_rc::Node, n: usize) -> Vec<rdmx_rc::Context> {
+    (0..n)
+        .map(|_| {
+            rdmx_rc::Context::builder()
+                .node(node)
+                .srq_depth(256)
+                .build()
+                .unwrap()
+        })
+        .collect()
+}

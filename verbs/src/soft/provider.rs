@@ -254,12 +254,7 @@ impl Provider for Shared {
     }
 
     fn post_srq_recv_list(&self, srq: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        self.with_nic(|n, _| {
-            for (i, wr) in wrs.iter().enumerate() {
-                n.post_srq_recv(srq, wr).map_err(|e| (i, e))?;
-            }
-            Ok(())
-        })
+        self.with_nic(|n, _| n.post_srq_recv_list(srq, wrs))
     }
 
     fn modify_srq(

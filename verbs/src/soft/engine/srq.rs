@@ -130,6 +130,19 @@ impl Nic {
             .ok_or(VerbsError::NoSuchObject("SRQ"))
     }
 
+    /// Posts receive WQEs in order; stops at the first that fails and returns its index
+    /// (`ibv_post_srq_recv` with a list and `bad_wr`).
+    pub fn post_srq_recv_list(
+        &mut self,
+        srq: u32,
+        wrs: &[RecvWr<'_>],
+    ) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_srq_recv(srq, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
     /// Posts a receive WQE to an SRQ (`ibv_post_srq_recv`).
     pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
         let s = self.res.srqs.get_mut(&srq).ok_or(PostError::Destroyed)?;

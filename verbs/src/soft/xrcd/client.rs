@@ -505,22 +505,8 @@ impl Provider for Client {
         self.value(Request::DestroySrq { srq }).map(|_| ())
     }
     fn post_srq_recv(&self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
-        if wr.sg_list.len() > proto::MAX_SGES {
-            return Err(PostError::TooManySge {
-                count: wr.sg_list.len(),
-                max: proto::MAX_SGES as u32,
-            });
-        }
-        let req = Request::PostSrqRecv {
-            srq,
-            wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
-        };
-        match self.call(req) {
-            Ok(Reply::Value(_)) => Ok(()),
-            Ok(Reply::PostFailed(e)) => Err(e),
-            _ => Err(PostError::Destroyed),
-        }
+        self.post_srq_recv_list(srq, std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
     }
     fn post_srq_recv_list(&self, srq: u32, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
         // One request per frame's worth of receives.

@@ -308,19 +308,6 @@ impl Host {
                     Err(e) => Reply::failed(&e),
                 }
             }
-            Request::PostSrqRecv { srq, wr_id, sges } => {
-                if !objs.srqs.contains(&srq) {
-                    return Reply::PostFailed(crate::error::PostError::Destroyed);
-                }
-                let wr = RecvWr {
-                    wr_id,
-                    sg_list: &sges,
-                };
-                match dev.with_nic(|n, _| n.post_srq_recv(srq, &wr)) {
-                    Ok(()) => Reply::Value(0),
-                    Err(e) => Reply::PostFailed(e),
-                }
-            }
             Request::PostSrqRecvList { srq, wrs } => {
                 if !objs.srqs.contains(&srq) {
                     return Reply::PostFailedAt(0, crate::error::PostError::Destroyed);
@@ -332,13 +319,7 @@ impl Host {
                         sg_list: sges,
                     })
                     .collect();
-                let r = dev.with_nic(|n, _| {
-                    for (i, wr) in list.iter().enumerate() {
-                        n.post_srq_recv(srq, wr).map_err(|e| (i, e))?;
-                    }
-                    Ok(())
-                });
-                match r {
+                match dev.with_nic(|n, _| n.post_srq_recv_list(srq, &list)) {
                     Ok(()) => Reply::Value(list.len() as u64),
                     Err((i, e)) => Reply::PostFailedAt(i as u32, e),
                 }

@@ -64,12 +64,7 @@ pub(crate) enum Request {
     DestroySrq {
         srq: u32,
     },
-    PostSrqRecv {
-        srq: u32,
-        wr_id: u64,
-        sges: Vec<Sge>,
-    },
-    /// Several receives in order, answered once: `Value(count)` when all were posted.
+    /// Receives to post, in order, answered once: `Value(count)` when all were posted.
     PostSrqRecvList {
         srq: u32,
         wrs: Vec<(u64, Vec<Sge>)>,
@@ -123,8 +118,6 @@ pub(crate) enum Reply {
         kind: u8,
         text: String,
     },
-    /// A post error.
-    PostFailed(PostError),
     /// The receive at this index of a list could not be posted (those before it were).
     PostFailedAt(u32, PostError),
 }
@@ -532,12 +525,6 @@ impl Frame {
                 Request::DestroySrq { srq } => {
                     w.u8(5).u32(*srq);
                 }
-                Request::PostSrqRecv { srq, wr_id, sges } => {
-                    w.u8(6).u32(*srq).u64(*wr_id).u16(sges.len() as u16);
-                    for s in sges {
-                        w.u64(s.addr).u32(s.length).u32(s.lkey.0);
-                    }
-                }
                 Request::PostSrqRecvList { srq, wrs } => {
                     w.u8(14).u32(*srq).u16(wrs.len() as u16);
                     for (wr_id, sges) in wrs {
@@ -595,9 +582,6 @@ impl Frame {
                 Reply::Failed { kind, text } => {
                     w.u8(0x46).u8(*kind).bytes(text.as_bytes());
                 }
-                Reply::PostFailed(e) => {
-                    w.u8(0x47).post_error(e);
-                }
                 Reply::PostFailedAt(i, e) => {
                     w.u8(0x48).u32(*i).post_error(e);
                 }
@@ -637,23 +621,6 @@ impl Frame {
                 max_sge: r.u32()?,
             }),
             5 => Self::Request(Request::DestroySrq { srq: r.u32()? }),
-            6 => {
-                let srq = r.u32()?;
-                let wr_id = r.u64()?;
-                let n = usize::from(r.u16()?);
-                if n > MAX_SGES {
-                    return None;
-                }
-                let mut sges = Vec::with_capacity(n);
-                for _ in 0..n {
-                    sges.push(Sge {
-                        addr: r.u64()?,
-                        length: r.u32()?,
-                        lkey: crate::types::Lkey(r.u32()?),
-                    });
-                }
-                Self::Request(Request::PostSrqRecv { srq, wr_id, sges })
-            }
             14 => {
                 let srq = r.u32()?;
                 let n = usize::from(r.u16()?);
@@ -717,7 +684,6 @@ impl Frame {
                 let text = String::from_utf8_lossy(&r.bytes()?).into_owned();
                 Self::Reply(Reply::Failed { kind, text })
             }
-            0x47 => Self::Reply(Reply::PostFailed(r.post_error()?)),
             0x48 => {
                 let i = r.u32()?;
                 Self::Reply(Reply::PostFailedAt(i, r.post_error()?))
@@ -773,15 +739,6 @@ mod tests {
                 len: 1 << 20,
                 access: AccessFlags::LOCAL_WRITE,
             }),
-            Frame::Request(Request::PostSrqRecv {
-                srq: 5,
-                wr_id: 11,
-                sges: vec![Sge {
-                    addr: 1,
-                    length: 2,
-                    lkey: crate::types::Lkey(3),
-                }],
-            }),
             Frame::Request(Request::PostSrqRecvList {
                 srq: 5,
                 wrs: vec![
@@ -816,10 +773,6 @@ mod tests {
                 kind: E_ATTR,
                 text: "bad".into(),
             }),
-            Frame::Reply(Reply::PostFailed(PostError::TooManySge {
-                count: 9,
-                max: 4,
-            })),
             Frame::Push(Push::Completions(vec![
                 (4, wc, true),
                 (5, WorkCompletion::EMPTY, false),
@@ -874,7 +827,7 @@ mod tests {
             longer.push(0);
             assert_eq!(Frame::decode(&longer), None);
         }
-        for tag in [0u8, 15, 0x40, 0x49, 0x80, 0x83, 0xFF] {
+        for tag in [0u8, 6, 15, 0x40, 0x47, 0x49, 0x80, 0x83, 0xFF] {
             assert_eq!(Frame::decode(&[tag, 0, 0, 0, 0]), None);
         }
     }
