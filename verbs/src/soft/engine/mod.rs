@@ -21,6 +21,7 @@
 
 mod apm;
 mod foreign;
+mod idmap;
 mod qp;
 mod requester;
 mod responder;
@@ -36,6 +37,8 @@ mod sim;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+
+use idmap::IdMap;
 
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
@@ -311,9 +314,9 @@ struct Cq {
 #[derive(Debug)]
 pub(crate) struct Resources {
     pub(crate) cfg: NicConfig,
-    pub(crate) mrs: HashMap<u32, MrEntry>,
-    cqs: HashMap<u32, Cq>,
-    pub(crate) srqs: HashMap<u32, srq::Srq>,
+    pub(crate) mrs: IdMap<MrEntry>,
+    cqs: IdMap<Cq>,
+    pub(crate) srqs: IdMap<srq::Srq>,
     pub(crate) mcast: HashMap<Gid, Vec<u32>>,
     pub(crate) events: VecDeque<AsyncEvent>,
     cq_notify: VecDeque<u32>,
@@ -412,7 +415,7 @@ impl Resources {
 #[derive(Debug)]
 pub struct Nic {
     res: Resources,
-    qps: HashMap<u32, Qp>,
+    qps: IdMap<Qp>,
     tx_ready: VecDeque<u32>,
     /// QPs that may hold a coalesced ACK (see [`Nic::flush_acks`]).
     held_acks: Vec<u32>,
@@ -433,9 +436,9 @@ impl Nic {
         Self {
             res: Resources {
                 cfg,
-                mrs: HashMap::new(),
-                cqs: HashMap::new(),
-                srqs: HashMap::new(),
+                mrs: IdMap::default(),
+                cqs: IdMap::default(),
+                srqs: IdMap::default(),
                 mcast: HashMap::new(),
                 events: VecDeque::new(),
                 cq_notify: VecDeque::new(),
@@ -444,7 +447,7 @@ impl Nic {
                 counters: NicCounters::default(),
                 rng,
             },
-            qps: HashMap::new(),
+            qps: IdMap::default(),
             tx_ready: VecDeque::new(),
             held_acks: Vec::new(),
             outbox: VecDeque::new(),
@@ -893,6 +896,18 @@ impl Nic {
     /// The next asynchronous event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.res.events.pop_front()
+    }
+
+    /// True when the NIC has something for its driver: a packet to send (queued or a QP
+    /// ready to transmit), a completion-channel wake-up, an event or a completion to forward.
+    /// Operations such as posting a receive usually leave it false, and the driver then skips
+    /// its flush.
+    pub fn has_output(&self) -> bool {
+        !self.outbox.is_empty()
+            || !self.tx_ready.is_empty()
+            || !self.res.cq_notify.is_empty()
+            || !self.res.events.is_empty()
+            || !self.res.forwarded.is_empty()
     }
 
     /// The next completion queue whose notification fired.
