@@ -22,6 +22,7 @@
 mod apm;
 mod foreign;
 mod idmap;
+mod lists;
 mod qp;
 mod requester;
 mod responder;
@@ -39,6 +40,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use idmap::IdMap;
+pub(crate) use lists::{InlineBytes, OneOrMany};
 
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
@@ -245,8 +247,8 @@ pub(crate) struct Seg {
 /// Where a message's bytes live.
 #[derive(Debug, Clone)]
 pub(crate) enum Payload {
-    Segs(Vec<Seg>),
-    Inline(Vec<u8>),
+    Segs(OneOrMany<Seg>),
+    Inline(InlineBytes),
 }
 
 impl Payload {
@@ -261,7 +263,7 @@ impl Payload {
             Self::Segs(segs) => {
                 let mut pos = 0usize;
                 let mut done = 0usize;
-                for s in segs {
+                for s in segs.iter() {
                     if done == dst.len() {
                         break;
                     }
@@ -335,8 +337,8 @@ impl Resources {
     }
 
     /// Resolves an SGE list for local access under `pd`. `write` asks for LOCAL_WRITE.
-    pub(crate) fn resolve(&self, pd: u32, sges: &[Sge], write: bool) -> Option<Vec<Seg>> {
-        let mut out = Vec::with_capacity(sges.len());
+    pub(crate) fn resolve(&self, pd: u32, sges: &[Sge], write: bool) -> Option<OneOrMany<Seg>> {
+        let mut out = OneOrMany::new();
         for s in sges {
             if s.length == 0 {
                 continue;

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use super::{AsyncEvent, Payload, Resources, Transmit};
+use super::{AsyncEvent, InlineBytes, OneOrMany, Payload, Resources, Transmit};
 use crate::error::{PostError, VerbsError};
 use crate::qp::state;
 use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, Transport, finish_packet};
@@ -78,7 +78,7 @@ impl SendWqe {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: OneOrMany<Sge>,
 }
 
 /// The network path of a connected QP.
@@ -493,19 +493,19 @@ impl Qp {
         }
         let mut local_err = None;
         let payload = if let Some(d) = wr.inline_data {
-            Payload::Inline(d.to_vec())
+            Payload::Inline(InlineBytes::new(d))
         } else {
             let write = kind.is_rd_atomic();
             match res.resolve(self.pd, wr.sg_list, write) {
                 Some(segs) if inline => {
                     let mut v = vec![0u8; len as usize];
                     Payload::Segs(segs).gather(0, &mut v);
-                    Payload::Inline(v)
+                    Payload::Inline(InlineBytes::new(&v))
                 }
                 Some(segs) => Payload::Segs(segs),
                 None => {
                     local_err = Some(WcStatus::LocProtErr);
-                    Payload::Inline(Vec::new())
+                    Payload::Inline(InlineBytes::new(&[]))
                 }
             }
         };
@@ -574,7 +574,7 @@ impl Qp {
         }
         self.resp.rq.push_back(RecvWqe {
             wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
+            sges: OneOrMany::from(wr.sg_list),
         });
         Ok(())
     }

@@ -18,7 +18,7 @@ use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
 enum Inbound {
     Send {
         wr_id: u64,
-        segs: Vec<Seg>,
+        segs: super::OneOrMany<Seg>,
         cap: usize,
         got: usize,
     },

@@ -160,7 +160,7 @@ impl Nic {
         }
         s.queue.push_back(RecvWqe {
             wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
+            sges: super::OneOrMany::from(wr.sg_list),
         });
         Ok(())
     }
