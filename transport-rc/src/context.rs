@@ -426,6 +426,28 @@ impl Context {
     pub fn verbs_context(&self) -> &rdmx_verbs::Context {
         &self.shared().vctx
     }
+
+    /// Opens a send batch on this thread: until the returned guard is dropped, messages this
+    /// thread sends (on any endpoint of this context) may be held by the device and leave
+    /// together. Delivery, order and errors are those of the same sends made one by one;
+    /// what changes is the cost: on the soft provider, a system call per batch of up to 16
+    /// small messages instead of one per message (see `docs/MESSAGING.md`, "Send batches").
+    ///
+    /// Waiting inside a batch is fine (a send that waits for a credit, or a receive, polls
+    /// the device, which sends what is held). Do not keep a batch open while blocked on
+    /// something else: held messages wait with it.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            _posts: self.shared().vctx.batch_posts(),
+        }
+    }
+}
+
+/// An open send batch ([`Context::batch`]); dropping it sends what it held.
+#[derive(Debug)]
+#[must_use = "the batch ends when the guard is dropped"]
+pub struct Batch<'a> {
+    _posts: rdmx_verbs::PostBatch<'a>,
 }
 
 /// Accepts endpoints on a TCP address.

@@ -42,7 +42,7 @@ mod send;
 mod shared;
 mod xrc;
 
-pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
+pub use context::{Batch, Context, ContextBuilder, Listener, MAX_ENDPOINTS};
 pub use endpoint::{Endpoint, LocalRegion, Message, RemoteRegion};
 pub use rdmx_verbs::SharedBytes;
 pub use shared::Stats;

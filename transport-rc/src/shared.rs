@@ -662,7 +662,13 @@ impl Shared {
                 st.budget.grant(&mut ep.recv);
             }
             let told = ep.recv.advertised.wrapping_sub(ep.recv.received);
-            if ep.recv.unadvertised() > 0 && told <= target / 2 && !st.dirty.contains(&k) {
+            // Tell the peer once it is down to half its window, and then only with a
+            // quarter window's worth, unless it has nothing left: a write per freed buffer
+            // (the silly-window pattern) costs the receiver a send per message once the
+            // sender runs ahead of it.
+            let unadvertised = ep.recv.unadvertised();
+            let worth = told == 0 || unadvertised >= (target / 4).max(1);
+            if unadvertised > 0 && told <= target / 2 && worth && !st.dirty.contains(&k) {
                 st.dirty.push(k);
             }
             if ep.recv.outstanding() < window {

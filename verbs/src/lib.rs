@@ -57,7 +57,7 @@ mod provider;
 pub use ah::AddressHandle;
 pub use bytes::SharedBytes;
 pub use cq::{CompletionChannel, CompletionQueue};
-pub use device::{Context, Device, DeviceOptions};
+pub use device::{Context, Device, DeviceOptions, PostBatch};
 pub use error::{PostError, VerbsError};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};

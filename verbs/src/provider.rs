@@ -65,6 +65,10 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn progress(&self) -> usize;
     /// A polling thread is about to sleep.
     fn release(&self);
+    /// The calling thread opens (`true`) or closes a post batch (see
+    /// [`Context::batch_posts`](crate::Context::batch_posts)). Providers whose posts are
+    /// cheap ignore it.
+    fn batch_posts(&self, _on: bool) {}
 
     // Queue pairs.
     fn create_qp(&self, cfg: &QpConfig) -> Result<Qpn, VerbsError>;

@@ -290,6 +290,11 @@ pub(crate) struct PerfArgs {
     /// msg: blocking calls poll for up to a second before they sleep).
     #[arg(long)]
     busy_poll: bool,
+    /// --layer msg, bw and rate: send the messages in batches of this many
+    /// (`Context::batch`; the soft device then sends a batch's small messages with one
+    /// system call). 0 or 1: no batches.
+    #[arg(long, default_value_t = 0)]
+    batch: u32,
     /// Print one JSON object per result line.
     #[arg(long)]
     json: bool,

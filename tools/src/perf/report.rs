@@ -114,6 +114,9 @@ pub(crate) struct PerfResult {
     /// Message layer: how long blocking calls poll before they sleep, in microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) busy_poll_us: Option<u64>,
+    /// Message layer: messages sent per send batch (absent: no batches).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) batch: Option<u32>,
 }
 
 impl PerfResult {
@@ -157,6 +160,7 @@ impl PerfResult {
             credits: None,
             credit_waits: None,
             busy_poll_us: None,
+            batch: None,
         }
     }
 

@@ -169,6 +169,7 @@ impl Provider for Shared {
     }
 
     fn poll_cq(&self, cq: u32, wc: &mut [WorkCompletion]) -> usize {
+        self.flush_held();
         let n = Self::poll_cq(self, cq, wc);
         if n > 0 || self.progress() == 0 {
             return n;
@@ -188,6 +189,10 @@ impl Provider for Shared {
         Self::release(self);
     }
 
+    fn batch_posts(&self, on: bool) {
+        Self::batch_posts(self, on);
+    }
+
     fn create_qp(&self, cfg: &QpConfig) -> Result<Qpn, VerbsError> {
         self.with_nic(|n, _| n.create_qp(cfg))
     }
@@ -205,7 +210,7 @@ impl Provider for Shared {
     }
 
     fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
-        self.with_nic(|n, now| {
+        self.post_with_nic(|n, now| {
             for (i, wr) in wrs.iter().enumerate() {
                 n.post_send(now, qpn, wr).map_err(|e| (i, e))?;
             }

@@ -10,6 +10,7 @@
 mod common;
 
 mod apm;
+mod batch;
 mod rc;
 mod srq;
 mod ud;

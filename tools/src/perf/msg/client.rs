@@ -28,6 +28,8 @@ pub(crate) struct ClientConfig {
     iters: u64,
     warmup: u64,
     busy_poll: bool,
+    /// Messages per send batch (0 or 1: none).
+    batch: u32,
     json: bool,
     device: Option<String>,
 }
@@ -71,6 +73,7 @@ impl ClientConfig {
             iters,
             warmup,
             busy_poll: a.busy_poll,
+            batch: a.batch,
             json: a.json,
             device: a.device.clone(),
         })
@@ -178,7 +181,9 @@ fn run_round(
     let mut progress = Progress::new(format!("msg {} {} B", p.test.name(), p.size), steps);
     let m = match p.test {
         MsgTest::Lat => lat(ep, p, &mut progress)?,
-        MsgTest::Bw | MsgTest::Rate | MsgTest::BwShared => stream(ctx, ep, p, &mut progress)?,
+        MsgTest::Bw | MsgTest::Rate | MsgTest::BwShared => {
+            stream(ctx, ep, p, cfg.batch, &mut progress)?
+        }
     };
     progress.finish();
     let after = ctx.stats();
@@ -264,6 +269,7 @@ fn result(
         credits: Some(config.credits),
         credit_waits: Some(after.credit_waits.saturating_sub(before.credit_waits)),
         busy_poll_us: Some(u64::try_from(config.busy_poll.as_micros()).unwrap_or(u64::MAX)),
+        batch: (cfg.batch > 1 && p.test != MsgTest::Lat).then_some(cfg.batch),
     })
 }
 
@@ -321,6 +327,7 @@ fn stream(
     ctx: &Context,
     ep: &Endpoint,
     p: &RoundParams,
+    batch: u32,
     progress: &mut Progress,
 ) -> Result<Measured> {
     let mut src = Source {
@@ -328,11 +335,20 @@ fn stream(
         shared: None,
     };
     if p.warmup > 0 {
-        send_range(ctx, ep, p, &mut src, 0, p.warmup, None)?;
+        send_range(ctx, ep, p, &mut src, 0, p.warmup, batch, None)?;
         wait_ack(ep, p.warmup)?;
     }
     let t0 = Instant::now();
-    send_range(ctx, ep, p, &mut src, p.warmup, p.total(), Some(progress))?;
+    send_range(
+        ctx,
+        ep,
+        p,
+        &mut src,
+        p.warmup,
+        p.total(),
+        batch,
+        Some(progress),
+    )?;
     wait_ack(ep, p.total())?;
     Ok(Measured {
         rtt_ns: Vec::new(),
@@ -344,7 +360,11 @@ fn stream(
 /// Sends data messages `from..to`: `bw` from pooled buffers (`send_buf`; only the last
 /// message of the round gets the whole pattern, the others just their index), `rate` from
 /// the pattern (`send`, a copy), `bw_shared` one immutable copy of the pattern stamped 0
-/// (`send_shared`).
+/// (`send_shared`). With `batch` above 1, every `batch` messages share a send batch.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one internal helper of the stream tests"
+)]
 fn send_range(
     ctx: &Context,
     ep: &Endpoint,
@@ -352,11 +372,18 @@ fn send_range(
     src: &mut Source,
     from: u64,
     to: u64,
+    batch: u32,
     mut progress: Option<&mut Progress>,
 ) -> Result<()> {
     let size = p.size as usize;
     let last = p.total() - 1;
+    let mut open = None;
     for i in from..to {
+        if batch > 1 && (i - from).is_multiple_of(u64::from(batch)) {
+            // Ends the previous batch (sending what it held) and opens the next.
+            drop(open.take());
+            open = Some(ctx.batch());
+        }
         match p.test {
             MsgTest::Bw => {
                 let mut b = ctx
@@ -388,6 +415,7 @@ fn send_range(
             pr.update(i + 1 - from);
         }
     }
+    drop(open);
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! stays off the sockets while some thread has polled within [`HANDOFF_NS`] and otherwise
 //! sleeps in `poll(2)` on the sockets, a wake-up eventfd and the next timer. It never spins.
 
+mod doorbell;
 pub(crate) mod pcap;
 pub(crate) mod sys;
 
@@ -146,6 +147,8 @@ pub(crate) struct Shared {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Shared XRC domains this device hosts or is a member of.
     xrc: crate::soft::xrcd::Links,
+    /// Sends held by an open post batch (see `doorbell.rs`).
+    doorbell: doorbell::Doorbell,
 }
 
 /// The active MTU of a port bound to `ip`: the largest IB MTU that, with the 96 bytes of
@@ -288,6 +291,7 @@ impl Shared {
             gso: AtomicBool::new(std::env::var_os("RDMX_NO_GSO").is_none()),
             thread: Mutex::new(None),
             xrc: crate::soft::xrcd::Links::default(),
+            doorbell: doorbell::Doorbell::default(),
         });
         let weak = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
@@ -372,6 +376,50 @@ impl Shared {
         r
     }
 
+    /// [`with_nic`](Self::with_nic) for posting sends: inside the calling thread's post
+    /// batch, the sends may be held and leave together (see `doorbell.rs`).
+    pub(crate) fn post_with_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R) -> R {
+        let mut nic = self.nic.lock();
+        let now = self.now();
+        let r = f(&mut nic, now);
+        if !nic.has_output() {
+            return r;
+        }
+        match self.doorbell.hold(self.id(), now) {
+            None => self.flush(nic, now),
+            Some(first) => {
+                drop(nic);
+                // A sleeping engine thread must learn the deadline of what is held.
+                if first && self.poller_remaining().is_none() {
+                    self.wake.signal();
+                }
+            }
+        }
+        r
+    }
+
+    /// The calling thread opens or closes a post batch; closing sends what it held.
+    pub(crate) fn batch_posts(&self, on: bool) {
+        doorbell::Doorbell::open(self.id(), on);
+        if !on {
+            self.flush_held();
+        }
+    }
+
+    /// Sends the posts a batch held, if any.
+    pub(crate) fn flush_held(&self) {
+        if self.doorbell.any() {
+            let nic = self.nic.lock();
+            let now = self.now();
+            self.flush(nic, now);
+        }
+    }
+
+    /// This device's identity in the threads' batch records.
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     /// Registers the channel that CQ `cq` signals.
     pub(crate) fn set_channel(&self, cq: u32, ch: &Arc<ChannelInner>) {
         self.channels.lock().insert(cq, Arc::downgrade(ch));
@@ -453,6 +501,8 @@ impl Shared {
     /// Drains everything the NIC has produced and sends the packets, in order, after
     /// releasing the NIC lock (the TX lock keeps the order between threads).
     fn flush(&self, mut nic: MutexGuard<'_, Nic>, now: u64) {
+        // Everything the NIC has, held posts included, leaves now.
+        self.doorbell.clear();
         let mut tx = self.tx.lock();
         let mut n = 0;
         loop {
@@ -746,6 +796,7 @@ impl Shared {
 
     /// Called by a thread polling a CQ: claims reception for a while and makes progress.
     pub(crate) fn progress(&self) -> usize {
+        self.flush_held();
         let now = self.now();
         self.last_poll.store(now.max(1), Ordering::Relaxed);
         self.drain_at(now) + self.xrc.poll_members()
@@ -753,6 +804,7 @@ impl Shared {
 
     /// Called before a poller goes to sleep: hands reception back to the engine thread now.
     pub(crate) fn release(&self) {
+        self.flush_held();
         self.last_poll.store(0, Ordering::Relaxed);
         self.wake.signal();
         self.xrc.wake_members();
@@ -848,6 +900,9 @@ fn engine_thread(weak: Weak<Shared>) {
         let last = sh.last_poll.load(Ordering::Relaxed);
         let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
         let mut deadline = sh.next_deadline();
+        if let Some(d) = sh.doorbell.deadline() {
+            deadline = Some(deadline.map_or(d, |x| x.min(d)));
+        }
         if poller_active {
             let handoff_end = last + HANDOFF_NS;
             deadline = Some(deadline.map_or(handoff_end, |d| d.min(handoff_end)));
@@ -891,6 +946,9 @@ fn engine_thread(weak: Weak<Shared>) {
                     break;
                 }
             }
+        }
+        if sh.doorbell.deadline().is_some_and(|t| t <= sh.now()) {
+            sh.flush_held();
         }
         let due = sh.next_deadline().is_some_and(|t| t <= sh.now());
         if due {
