@@ -68,8 +68,10 @@ use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use socket2::{Domain, Protocol, Socket, Type};
 
-/// Version of the bootstrap protocol; both sides must agree.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version of the bootstrap protocol; both sides must agree. Version 3: credit recall may
+/// be signalled with an RDMA WRITE with immediate (`rdmx_core::header::RecallSignal`), which
+/// a version 2 peer would take for a protocol violation.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
@@ -1084,7 +1086,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x02\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x03\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -1119,17 +1121,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v3 = header(3, 5);
+        let v4 = header(4, 5);
         assert!(matches!(
-            decode(&v3[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 2, theirs: 3 })
+            decode(&v4[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 3, theirs: 4 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v3[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v4[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v3).unwrap(),
+            decode_header(&v4).unwrap(),
             Some(Header {
-                version: 3,
+                version: 4,
                 payload_len: 5
             })
         );

@@ -247,6 +247,47 @@ impl Recall {
     }
 }
 
+/// What a recall signal says: the immediate of an RDMA WRITE with immediate that carries
+/// a [`Recall`] word into the peer's slot (the word lands before the completion). It wakes
+/// the peer to act on the word at once instead of at its next background tick.
+///
+/// Layout of the 32-bit immediate: [`RecallSignal::MAGIC`] in bits 24..32, the kind in bits
+/// 16..24, the receiving endpoint's tag in bits 0..16 (for routing, as in a header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecallSignal {
+    /// "I asked you for credits": answer now if idle.
+    Request,
+    /// "I gave credits back": apply them now.
+    Returned,
+}
+
+impl RecallSignal {
+    /// The immediate's top byte.
+    pub const MAGIC: u8 = 0xC5;
+
+    /// The immediate for endpoint `tag` at the receiver.
+    pub fn to_imm(self, tag: u16) -> u32 {
+        let kind: u32 = match self {
+            Self::Request => 1,
+            Self::Returned => 2,
+        };
+        (u32::from(Self::MAGIC) << 24) | (kind << 16) | u32::from(tag)
+    }
+
+    /// Parses an immediate: the signal and the tag, or `None` for anything else.
+    pub fn from_imm(imm: u32) -> Option<(Self, u16)> {
+        if (imm >> 24) as u8 != Self::MAGIC {
+            return None;
+        }
+        let kind = match (imm >> 16) & 0xFF {
+            1 => Self::Request,
+            2 => Self::Returned,
+            _ => return None,
+        };
+        Some((kind, imm as u16))
+    }
+}
+
 /// True when cumulative counter `a` is ahead of `b` (mod 2^32, within half the space).
 pub fn seq_after(a: u32, b: u32) -> bool {
     a != b && a.wrapping_sub(b) < 1 << 31
@@ -294,6 +335,18 @@ mod tests {
         let mut bad = h.to_bytes();
         bad[0] = 9;
         assert_eq!(Header::parse(&bad), Err(HeaderError::Kind(9)));
+    }
+
+    #[test]
+    fn recall_signal_round_trips_and_rejects_others() {
+        for sig in [RecallSignal::Request, RecallSignal::Returned] {
+            for tag in [0u16, 1, 0x1234, u16::MAX] {
+                assert_eq!(RecallSignal::from_imm(sig.to_imm(tag)), Some((sig, tag)));
+            }
+        }
+        assert_eq!(RecallSignal::from_imm(0), None);
+        assert_eq!(RecallSignal::from_imm(0xC503_0001), None, "unknown kind");
+        assert_eq!(RecallSignal::from_imm(0xC401_0001), None, "wrong magic");
     }
 
     #[test]

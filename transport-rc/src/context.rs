@@ -624,11 +624,13 @@ fn background(sh: &Shared) {
                 rearm(sh, &mut st, None);
                 crate::conn::keepalive(sh, &mut st, now);
                 next_keepalive = now + tick;
-            } else if st.recall_pressure {
+            } else if st.recall_pressure || st.recall_watch {
                 crate::recall::tick(sh, &mut st, now, tick, false);
             }
             sleep = if st.recall_pressure {
                 crate::recall::PRESSURE_SCAN.min(tick)
+            } else if st.recall_watch {
+                crate::recall::WATCH_SCAN.min(tick)
             } else {
                 tick
             };

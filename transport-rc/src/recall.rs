@@ -24,10 +24,21 @@
 //!
 //! Requests, answers and the starving flag travel in the second word of the mailbox slots
 //! (an 8-byte RDMA WRITE; no receive buffer involved).
+//!
+//! **Signals.** A plain write raises no completion, so the peer would act on a request or an
+//! answer only at its next background tick (100 ms), and a starving sender waited for two
+//! ticks. When the writer holds a credit for the peer, a request or an answer is sent as an
+//! RDMA WRITE *with immediate* instead ([`RecallSignal`]): the word lands, then a completion
+//! wakes the peer, which acts at once. The signal uses one receive buffer, paid with one of
+//! the writer's credits like any message: an answer gives back all its credits but the one
+//! the signal spends, which the receiver frees as it reposts the buffer. Without a credit the
+//! plain write remains, and the tick picks it up. The starving flag itself cannot be
+//! signalled (its writer has no credit by definition): a context whose buffers are all
+//! promised while some endpoint has none looks at the flags every [`WATCH_SCAN`].
 
 use std::time::{Duration, Instant};
 
-use rdmx_core::header::{RECALL_OFF, Recall};
+use rdmx_core::header::{RECALL_OFF, Recall, RecallSignal};
 use rdmx_verbs::{Rkey, WrOpcode};
 
 use crate::ep::{Hold, Status};
@@ -37,6 +48,12 @@ use crate::shared::{Shared, State};
 /// Writes our recall word (`returned`, `requested`, flags) into the peer's slot of endpoint
 /// `k`.
 pub(crate) fn write_recall(st: &mut State, k: usize) -> bool {
+    write_recall_as(st, k, None)
+}
+
+/// [`write_recall`], as a signal to the peer when `signal` is set and we hold a credit for
+/// it (see the module's documentation).
+fn write_recall_as(st: &mut State, k: usize, signal: Option<RecallSignal>) -> bool {
     let Some(ep) = st.eps.get_mut(k) else {
         return false;
     };
@@ -47,97 +64,168 @@ pub(crate) fn write_recall(st: &mut State, k: usize) -> bool {
         all: ep.recall.ask_all,
     };
     let bytes = w.to_word().to_be_bytes();
-    let op = WrOpcode::RdmaWrite {
-        remote_addr: ep.peer_mailbox.0 + RECALL_OFF as u64,
-        rkey: Rkey(ep.peer_mailbox.1),
+    let remote_addr = ep.peer_mailbox.0 + RECALL_OFF as u64;
+    let rkey = Rkey(ep.peer_mailbox.1);
+    if ep.sq_used() + 2 >= ep.sq_depth {
+        return false;
+    }
+    let op = match signal {
+        Some(sig) if ep.is_open() && ep.send.take() => {
+            st.stats.recall_signals += 1;
+            WrOpcode::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm: sig.to_imm(ep.peer_tag),
+            }
+        }
+        _ => WrOpcode::RdmaWrite { remote_addr, rkey },
     };
-    ep.sq_used() + 2 < ep.sq_depth
-        && post_on(ep, op, PostData::Inline(&bytes), Hold::None, false).is_ok()
+    let Some(ep) = st.eps.get_mut(k) else {
+        return false;
+    };
+    post_on(ep, op, PostData::Inline(&bytes), Hold::None, false).is_ok()
+}
+
+/// How often a context looks at the starving flags while every posted buffer backs a credit
+/// and some endpoint holds none (a sender there can only wait to be noticed).
+pub(crate) const WATCH_SCAN: Duration = Duration::from_millis(10);
+
+/// The peer's recall word of endpoint `k`, from our mailbox.
+fn their_word(sh: &Shared, st: &State, k: usize) -> Option<Recall> {
+    let ep = st.eps.get(k)?;
+    let mut b = [0u8; 8];
+    sh.mailbox.read(ep.mailbox_off + RECALL_OFF, &mut b).ok()?;
+    Some(Recall::from_word(u64::from_be_bytes(b)))
+}
+
+/// Applies the credits the peer of endpoint `k` gave back (its `returned` counter): counted
+/// as received without a buffer, which frees them. Never more than it holds (a peer cannot
+/// free buffers it was not granted). Returns how many.
+fn apply_returned(sh: &Shared, st: &mut State, k: usize, theirs: Recall) -> u64 {
+    let Some(ep) = st.eps.get_mut(k) else {
+        return 0;
+    };
+    let back = theirs
+        .returned
+        .wrapping_sub(ep.recall.returned_seen)
+        .min(ep.recall_outstanding());
+    if back == 0 {
+        return 0;
+    }
+    ep.recall.returned_seen = ep.recall.returned_seen.wrapping_add(back);
+    ep.recv.received = ep.recv.received.wrapping_add(back);
+    // Below its window now (perhaps at zero): it waits for grants like the others.
+    sh.mark_needy(st, k);
+    let back = u64::from(back);
+    st.budget.outstanding = st.budget.outstanding.saturating_sub(back);
+    st.stats.credits_recalled += back;
+    back
+}
+
+/// Answers a new recall request from the peer of endpoint `k`: if we sent nothing on it
+/// since the previous tick (`idle_sender`), give back what it asks for, signalling when we
+/// can.
+fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bool) {
+    let Some(ep) = st.eps.get_mut(k) else {
+        return;
+    };
+    if theirs.recall == ep.recall.requested_seen {
+        return;
+    }
+    ep.recall.requested_seen = theirs.recall;
+    // The credits we hold include grants written into our mailbox and not read yet (it is
+    // read when we run out): read it, or those could never be given back.
+    sh.read_mailbox(st, k);
+    let Some(ep) = st.eps.get_mut(k) else {
+        return;
+    };
+    let avail = ep.send.available();
+    let keep = u32::from(!theirs.all);
+    if avail <= keep || !idle_sender {
+        return;
+    }
+    // One of the credits given back pays for the signal (the peer frees its buffer).
+    let give = avail - keep - 1;
+    ep.send.sent = ep.send.sent.wrapping_add(give);
+    ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
+    write_recall_as(st, k, Some(RecallSignal::Returned));
+}
+
+/// A recall signal arrived on endpoint `k`: act on the peer's word now.
+pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, sig: RecallSignal) {
+    let Some(theirs) = their_word(sh, st, k) else {
+        return;
+    };
+    match sig {
+        RecallSignal::Returned => {
+            if apply_returned(sh, st, k, theirs) > 0 {
+                sh.wake_all();
+            }
+        }
+        RecallSignal::Request => {
+            let idle_sender = st
+                .eps
+                .get(k)
+                .is_some_and(|ep| ep.send.sent == ep.recall.sent_at_tick);
+            answer(sh, st, k, theirs, idle_sender);
+        }
+    }
 }
 
 /// How often the receiving side looks again while a peer starves (instead of once per
-/// background tick): a starving sender then waits for the idle peers' answer (their tick)
-/// and little more.
+/// background tick): answers that came as plain writes (the idle peer had no credit to
+/// signal with) are then seen within this long.
 pub(crate) const PRESSURE_SCAN: Duration = Duration::from_millis(5);
 
 /// The background tick: answer the peers' recall requests, apply the credits they gave back,
-/// and take credits from idle peers for starving ones. With `answer` false (the quicker
-/// scans while a peer starves, see [`PRESSURE_SCAN`]), requests from peers are left for the
-/// next full tick: whether we are idle is judged over a whole tick.
-pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant, idle_for: Duration, answer: bool) {
+/// and take credits from idle peers for starving ones. With `answer_requests` false (the
+/// quicker scans, see [`PRESSURE_SCAN`] and [`WATCH_SCAN`]), requests from peers are left
+/// for the next full tick or their signal: whether we are idle is judged against the
+/// previous full tick.
+pub(crate) fn tick(
+    sh: &Shared,
+    st: &mut State,
+    now: Instant,
+    idle_for: Duration,
+    answer_requests: bool,
+) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
     for &k in &keys {
-        let Some(ep) = st.eps.get_mut(k) else {
-            continue;
-        };
-        if !matches!(ep.status, Status::Open) {
-            continue;
-        }
-        let mut b = [0u8; 8];
-        if sh
-            .mailbox
-            .read(ep.mailbox_off + RECALL_OFF, &mut b)
-            .is_err()
+        if !st
+            .eps
+            .get(k)
+            .is_some_and(|ep| matches!(ep.status, Status::Open))
         {
             continue;
         }
-        let theirs = Recall::from_word(u64::from_be_bytes(b));
-        // Credits the peer gave back: received without using a buffer. Never more than it
-        // holds (a peer cannot free buffers it was not granted).
-        let back = theirs
-            .returned
-            .wrapping_sub(ep.recall.returned_seen)
-            .min(ep.recall_outstanding());
-        if back > 0 {
-            ep.recall.returned_seen = ep.recall.returned_seen.wrapping_add(back);
-            ep.recv.received = ep.recv.received.wrapping_add(back);
-            freed += u64::from(back);
-            // Below its window now (perhaps at zero): it waits for grants like the others.
-            sh.mark_needy(st, k);
-        }
+        let Some(theirs) = their_word(sh, st, k) else {
+            continue;
+        };
+        freed += apply_returned(sh, st, k, theirs);
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
         };
         if theirs.starving && ep.recv.outstanding() == 0 {
             starving.push(k);
         }
-        if !answer {
+        if !answer_requests {
             continue;
         }
-        // A request from the peer: if we sent nothing since the previous tick, give back
-        // what it asks for.
+        // Idle means: nothing sent on this endpoint since the previous tick.
         let idle_sender = ep.send.sent == ep.recall.sent_at_tick;
         ep.recall.sent_at_tick = ep.send.sent;
-        let mut write = false;
-        if theirs.recall != ep.recall.requested_seen {
-            ep.recall.requested_seen = theirs.recall;
-            // The credits we hold include grants written into our mailbox and not read yet
-            // (it is read when we run out): read it, or those could never be given back.
-            sh.read_mailbox(st, k);
-            let Some(ep) = st.eps.get_mut(k) else {
-                continue;
-            };
-            let avail = ep.send.available();
-            let keep = u32::from(!theirs.all);
-            if avail > keep && idle_sender {
-                let give = avail - keep;
-                ep.send.sent = ep.send.sent.wrapping_add(give);
-                ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
-                write = true;
-            }
-        }
-        if write {
-            write_recall(st, k);
-        }
+        answer(sh, st, k, theirs, idle_sender);
     }
-    st.budget.outstanding = st.budget.outstanding.saturating_sub(freed);
-    if freed > 0 {
-        st.stats.credits_recalled += freed;
-    }
-    // Scan again soon while a peer starves.
+    // Scan again soon while a peer starves, and now and then while every buffer is promised
+    // and some endpoint holds no credit (one may start starving unnoticed).
     st.recall_pressure = !starving.is_empty();
+    st.recall_watch = st.budget.spare() == 0
+        && st
+            .eps
+            .iter()
+            .any(|(_, ep)| ep.is_open() && ep.recv.outstanding() == 0);
     if !starving.is_empty() {
         feed_starving(sh, st, &keys, &starving, now, idle_for, &mut freed);
     }
@@ -219,6 +307,6 @@ fn feed_starving(
         ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
         ep.recall.ask_all = all;
         ep.recall.asked_at = Some(now);
-        write_recall(st, k);
+        write_recall_as(st, k, Some(RecallSignal::Request));
     }
 }

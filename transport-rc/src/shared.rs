@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rdmx_core::credit::Budget;
-use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RtsInfo};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RecallSignal, RtsInfo};
 use rdmx_core::pool::BufferPool;
 use rdmx_core::regcache::RegCache;
 use rdmx_core::{Buf, Config, DisconnectCause, Event};
@@ -55,6 +55,9 @@ pub struct Stats {
     pub protocol_errors: u64,
     /// Credits idle peers gave back on request (credit recall).
     pub credits_recalled: u64,
+    /// Recall requests and answers sent as signals (RDMA WRITE with immediate), which the
+    /// peer acts on at once instead of at its next tick.
+    pub recall_signals: u64,
 }
 
 /// All mutable state of a context.
@@ -71,6 +74,9 @@ pub(crate) struct State {
     pub(crate) needy: VecDeque<usize>,
     /// A peer starved at the last recall scan: scan again after `recall::PRESSURE_SCAN`.
     pub(crate) recall_pressure: bool,
+    /// Every posted buffer backs a credit and some endpoint holds none: scan the starving
+    /// flags every `recall::WATCH_SCAN`.
+    pub(crate) recall_watch: bool,
     /// Endpoints with a deliverable message, for `Context::recv` (see `inbox.rs`).
     pub(crate) ready: VecDeque<usize>,
     /// Endpoints with a mailbox update to write.
@@ -100,6 +106,7 @@ impl State {
             held: 0,
             needy: VecDeque::new(),
             recall_pressure: false,
+            recall_watch: false,
             ready: VecDeque::new(),
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
@@ -223,6 +230,52 @@ impl Shared {
         }
     }
 
+    /// An RDMA WRITE with immediate: a credit-recall signal (the only use rdmx makes of
+    /// them). It used a credit and a receive buffer, which goes back to the queue untouched.
+    fn on_recall_signal(&self, st: &mut State, c: &WorkCompletion, buf: Buf) {
+        let qpn = c.qp_num.0;
+        let routed = c
+            .imm()
+            .and_then(RecallSignal::from_imm)
+            .and_then(|(sig, tag)| {
+                let k = usize::from(tag);
+                st.eps
+                    .get(k)
+                    .is_some_and(|e| e.recv_qpn == qpn)
+                    .then_some((sig, k))
+            });
+        let Some((sig, k)) = routed else {
+            st.stats.stray_completions += 1;
+            st.stats.protocol_errors += 1;
+            tracing::debug!(qpn, imm = ?c.imm(), "unexpected RDMA WRITE with immediate");
+            if let Some(&k) = st.by_qpn.get(&qpn) {
+                self.fail(
+                    st,
+                    k,
+                    DisconnectCause::Protocol("unexpected RDMA WRITE with immediate".into()),
+                );
+            }
+            self.repost(st, buf);
+            return;
+        };
+        let credited = st.eps[k].recv.on_receive();
+        if credited {
+            st.budget.outstanding = st.budget.outstanding.saturating_sub(1);
+        }
+        self.repost(st, buf);
+        if !credited {
+            st.stats.protocol_errors += 1;
+            self.fail(
+                st,
+                k,
+                DisconnectCause::Protocol("recall signal without a credit".into()),
+            );
+            return;
+        }
+        self.mark_needy(st, k);
+        crate::recall::on_signal(self, st, k, sig);
+    }
+
     fn on_recv(&self, st: &mut State, c: &WorkCompletion) {
         let slot = wrid::key(c.wr_id);
         let Some(mut buf) = st.recv_slots.try_remove(slot) else {
@@ -230,6 +283,10 @@ impl Shared {
         };
         st.budget.posted = st.budget.posted.saturating_sub(1);
         let qpn = c.qp_num.0;
+        if c.status == WcStatus::Success && c.opcode == WcOpcode::RecvRdmaWithImm {
+            self.on_recall_signal(st, c, buf);
+            return;
+        }
         // Route by the header's tag (XRC needs it: one target queue pair carries the messages
         // of every endpoint behind a remote initiator), checked against the queue pair the
         // message came through. An RC message whose header is unreadable is still traced to

@@ -133,7 +133,7 @@ fn fan_in(
 /// (credit recall), without any RNR NAK.
 #[test]
 fn idle_endpoints_give_credits_back() {
-    let (server, _client, eps, server_eps) = fan_in(64, 32, 6);
+    let (server, client, eps, server_eps) = fan_in(64, 32, 6);
     // The first endpoints took every credit; the last one has none and is idle-blocked
     // until the idle ones give theirs back.
     let last = eps.last().unwrap();
@@ -151,8 +151,16 @@ fn idle_endpoints_give_credits_back() {
     }
     assert!(server.stats().credits_recalled > 0);
     assert_eq!(server.device_counters().rnr_naks_sent, 0);
+    // The server asked with signals and the idle endpoints answered with signals (each side
+    // held credits for the other), so neither waited for the other's tick.
+    let (asked, answered) = (server.stats().recall_signals, client.stats().recall_signals);
+    assert!(
+        asked > 0 && answered > 0,
+        "signals: {asked} asked, {answered} answered"
+    );
     eprintln!(
-        "starved endpoint sent 50 messages in {took:?} after {} credits were recalled",
+        "starved endpoint sent 50 messages in {took:?} after {} credits were recalled \
+         ({asked} requests and {answered} answers signalled)",
         server.stats().credits_recalled
     );
     drop(server_eps);
