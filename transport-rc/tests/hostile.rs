@@ -1,7 +1,8 @@
 //! A hostile peer behind a well-formed connection: it does the bootstrap exchange like an
 //! rdmx context, connects a raw RC queue pair to the endpoint, and then breaks the message
 //! protocol (garbage headers, sends beyond its credits, rendezvous requests with a bad key or
-//! an oversized length, a header that lies about the length). Each must take that endpoint
+//! an oversized length, a header that lies about the length, RDMA WRITEs with an immediate
+//! that is no recall signal or names another endpoint). Each must take that endpoint
 //! down with a clear cause and a counted protocol error, never panic or hang, and leave the
 //! context's other endpoints working.
 #![allow(missing_docs)]
@@ -10,12 +11,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
-use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, RECALL_OFF, RTS_LEN, RecallSignal, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::{Context, Endpoint};
 use rdmx_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, QpAttr, QpAttrMask as M,
-    QpCap, QpInitAttr, QpState, QpType, QueuePair, SendWr, WcStatus, WorkCompletion,
+    QpCap, QpInitAttr, QpState, QpType, QueuePair, Rkey, SendFlags, SendWr, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 
 /// A raw RC queue pair connected to an rdmx endpoint through the real bootstrap.
@@ -26,6 +28,8 @@ struct Rogue {
     _mr: MemoryRegion,
     /// The tag the server's endpoint expects in headers.
     tag: u16,
+    /// The server's mailbox slot for this endpoint (address, rkey).
+    mailbox: (u64, u32),
 }
 
 impl Rogue {
@@ -136,7 +140,23 @@ impl Rogue {
             qp,
             _mr: mr,
             tag: peer.tag as u16,
+            mailbox: (peer.mailbox_addr, peer.mailbox_rkey),
         }
+    }
+
+    /// Writes an all-zero recall word into the server's slot with immediate `imm` (what a
+    /// recall signal looks like on the wire) and waits for its completion.
+    fn write_imm(&self, imm: u32) -> WcStatus {
+        let op = WrOpcode::RdmaWriteWithImm {
+            remote_addr: self.mailbox.0 + RECALL_OFF as u64,
+            rkey: Rkey(self.mailbox.1),
+            imm,
+        };
+        let mut wr = SendWr::new(2, op, &[]).signaled();
+        wr.inline_data = Some(&[0u8; 8]);
+        wr.send_flags |= SendFlags::INLINE;
+        self.qp.post_send(&wr).unwrap();
+        self.wait_send()
     }
 
     /// Sends `bytes` inline and waits for its completion; returns its status.
@@ -144,6 +164,10 @@ impl Rogue {
         self.qp
             .post_send(&SendWr::send_inline(1, bytes).signaled())
             .unwrap();
+        self.wait_send()
+    }
+
+    fn wait_send(&self) -> WcStatus {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut wc = [WorkCompletion::EMPTY; 4];
         loop {
@@ -258,6 +282,35 @@ fn garbage_header_takes_the_endpoint_down() {
     assert_eq!(got, 1, "the good message before the garbage arrives");
     assert!(protocol_cause(&cause), "{cause:?}");
     assert!(ctx.stats().protocol_errors >= 1);
+    good_pair_still_works(&ctx, &l);
+}
+
+#[test]
+fn recall_signals_are_checked() {
+    let (ctx, l) = server();
+    // A well-formed signal (an empty recall word: nothing asked, nothing returned) is
+    // harmless: the endpoint keeps working.
+    let (rogue, ep) = accept_rogue(&l);
+    let ok = RecallSignal::Request.to_imm(rogue.tag);
+    assert_eq!(rogue.write_imm(ok), WcStatus::Success);
+    assert_eq!(rogue.send(&rogue.data(b"after")), WcStatus::Success);
+    let m = ep.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(&m[..], b"after");
+    // An immediate that is no signal, and a signal for another endpoint's tag: each takes
+    // the endpoint down as a protocol violation.
+    for other_tag in [false, true] {
+        let (rogue, ep) = accept_rogue(&l);
+        let imm = if other_tag {
+            RecallSignal::Returned.to_imm(rogue.tag.wrapping_add(1))
+        } else {
+            0xDEAD_BEEF
+        };
+        assert_eq!(rogue.write_imm(imm), WcStatus::Success);
+        let (got, cause) = drain_until_down(&ep);
+        assert_eq!(got, 0);
+        assert!(protocol_cause(&cause), "imm {imm:#x}: {cause:?}");
+    }
+    assert!(ctx.stats().protocol_errors >= 2);
     good_pair_still_works(&ctx, &l);
 }
 
