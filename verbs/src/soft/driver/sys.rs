@@ -493,12 +493,53 @@ pub(crate) fn peer_pid(fd: RawFd) -> io::Result<libc::pid_t> {
     Ok(cred.pid)
 }
 
-/// Lets any process of this user attach to (and so read and write the memory of) this
-/// process where Yama restricts ptrace to descendants (`PR_SET_PTRACER_ANY`). A member of a
-/// shared XRC domain does this so that the host can reach its registered memory.
-pub(crate) fn allow_ptrace_by_any() {
+/// Who may attach to this process where Yama restricts ptrace to descendants
+/// (`PR_SET_PTRACER`): nobody extra, one process, or any process of this user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ptracer {
+    /// Yama's default: descendants only.
+    Default,
+    /// This process (the host of a shared XRC domain).
+    Pid(libc::pid_t),
+    /// Any process of this user (`PR_SET_PTRACER_ANY`).
+    Any,
+}
+
+impl Ptracer {
+    /// What to allow so that `host` (when known) can also attach: Yama keeps a single
+    /// tracer per process, so a second, different host widens the permission to any
+    /// process, and an unknown host too.
+    pub(crate) fn with_host(self, host: Option<libc::pid_t>) -> Self {
+        match (self, host) {
+            (Self::Any, _) | (_, None) => Self::Any,
+            (Self::Default, Some(h)) => Self::Pid(h),
+            (Self::Pid(p), Some(h)) if p == h => self,
+            (Self::Pid(_), Some(_)) => Self::Any,
+        }
+    }
+}
+
+/// The permission this process has given so far (see [`allow_ptrace_by`]).
+static PTRACER: parking_lot::Mutex<Ptracer> = parking_lot::Mutex::new(Ptracer::Default);
+
+/// Lets the host of a shared XRC domain (`host`, from the socket's `SO_PEERCRED`) attach to
+/// this process, and so read and write its memory, where Yama restricts ptrace to
+/// descendants: the host reaches a member's registered memory that way. Only that process
+/// is allowed, unless this process is a member of domains with different hosts (or the
+/// host is unknown), when any process of this user is.
+pub(crate) fn allow_ptrace_by(host: Option<libc::pid_t>) {
+    let mut cur = PTRACER.lock();
+    let next = cur.with_host(host);
+    if next == *cur {
+        return;
+    }
+    let arg = match next {
+        Ptracer::Pid(p) => libc::c_ulong::try_from(p).unwrap_or(libc::PR_SET_PTRACER_ANY),
+        _ => libc::PR_SET_PTRACER_ANY,
+    };
     // SAFETY: PR_SET_PTRACER takes plain integer arguments and touches no memory of ours.
-    let _ = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+    let _ = unsafe { libc::prctl(libc::PR_SET_PTRACER, arg, 0, 0, 0) };
+    *cur = next;
 }
 
 /// Reads one message from a connected socket without blocking (`recv` with
@@ -522,4 +563,31 @@ pub(crate) fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usiz
         };
     }
     Ok(Some(n as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ptracer;
+
+    #[test]
+    fn ptracer_allows_the_one_host_and_widens_only_when_needed() {
+        let first = Ptracer::Default.with_host(Some(100));
+        assert_eq!(first, Ptracer::Pid(100));
+        assert_eq!(
+            first.with_host(Some(100)),
+            Ptracer::Pid(100),
+            "same host again"
+        );
+        assert_eq!(first.with_host(Some(200)), Ptracer::Any, "a second host");
+        assert_eq!(
+            Ptracer::Default.with_host(None),
+            Ptracer::Any,
+            "unknown host"
+        );
+        assert_eq!(
+            Ptracer::Any.with_host(Some(100)),
+            Ptracer::Any,
+            "never narrows"
+        );
+    }
 }

@@ -75,7 +75,7 @@ impl Client {
         name: Vec<u8>,
     ) -> Result<Arc<Self>, VerbsError> {
         let io = |op| move |source| VerbsError::Io { op, source };
-        sys::allow_ptrace_by_any();
+        sys::allow_ptrace_by(sys::peer_pid(std::os::fd::AsRawFd::as_raw_fd(&sock)).ok());
         sock.set_read_timeout(Some(RPC_TIMEOUT))
             .map_err(io("XRC domain socket timeout"))?;
         (&sock)

@@ -22,7 +22,9 @@
 //! `QpFatal` for their targets, and the file's next opener starts a new, empty domain.
 //! Reaching another process's memory needs ptrace permission over it (same user, and a
 //! Yama `ptrace_scope` of 0, or root); a member allows its host explicitly with
-//! `PR_SET_PTRACER` where Yama is active.
+//! `PR_SET_PTRACER` where Yama is active: that one process (from the socket's
+//! `SO_PEERCRED`), or any process of the user when it is a member of domains with different
+//! hosts (Yama keeps one tracer per process).
 
 mod client;
 mod host;
