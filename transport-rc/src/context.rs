@@ -630,7 +630,7 @@ fn background(sh: &Shared) {
             sleep = if st.recall_pressure {
                 crate::recall::PRESSURE_SCAN.min(tick)
             } else if st.recall_watch {
-                crate::recall::WATCH_SCAN.min(tick)
+                st.recall_watch_every.min(tick)
             } else {
                 tick
             };

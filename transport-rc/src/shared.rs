@@ -75,8 +75,15 @@ pub(crate) struct State {
     /// A peer starved at the last recall scan: scan again after `recall::PRESSURE_SCAN`.
     pub(crate) recall_pressure: bool,
     /// Every posted buffer backs a credit and some endpoint holds none: scan the starving
-    /// flags every `recall::WATCH_SCAN`.
+    /// flags every `recall_watch_every`.
     pub(crate) recall_watch: bool,
+    /// The watch interval: `recall::WATCH_SCAN` when the watch starts or a peer starved,
+    /// doubling after every scan that finds none, up to the tick.
+    pub(crate) recall_watch_every: Duration,
+    /// Receive completions so far, and their number at the last watch scan: a context that
+    /// received nothing since keeps backing its watch off.
+    pub(crate) recv_seen: u64,
+    pub(crate) recv_at_watch: u64,
     /// Endpoints with a deliverable message, for `Context::recv` (see `inbox.rs`).
     pub(crate) ready: VecDeque<usize>,
     /// Endpoints with a mailbox update to write.
@@ -107,6 +114,9 @@ impl State {
             needy: VecDeque::new(),
             recall_pressure: false,
             recall_watch: false,
+            recall_watch_every: crate::recall::WATCH_SCAN,
+            recv_seen: 0,
+            recv_at_watch: 0,
             ready: VecDeque::new(),
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
@@ -282,6 +292,7 @@ impl Shared {
             return;
         };
         st.budget.posted = st.budget.posted.saturating_sub(1);
+        st.recv_seen += 1;
         let qpn = c.qp_num.0;
         if c.status == WcStatus::Success && c.opcode == WcOpcode::RecvRdmaWithImm {
             self.on_recall_signal(st, c, buf);
