@@ -268,10 +268,7 @@ impl Shared {
             self.repost(st, buf);
             return;
         };
-        let credited = st.eps[k].recv.on_receive();
-        if credited {
-            st.budget.outstanding = st.budget.outstanding.saturating_sub(1);
-        }
+        let credited = Self::take_credit(st, k);
         self.repost(st, buf);
         if !credited {
             st.stats.protocol_errors += 1;
@@ -284,6 +281,16 @@ impl Shared {
         }
         self.mark_needy(st, k);
         crate::recall::on_signal(self, st, k, sig);
+    }
+
+    /// The peer of endpoint `k` used one of our credits (its buffer was already counted as
+    /// consumed). False when it had none: a protocol violation.
+    fn take_credit(st: &mut State, k: usize) -> bool {
+        let ok = st.eps.get_mut(k).is_some_and(|ep| ep.recv.on_receive());
+        if ok {
+            st.budget.outstanding = st.budget.outstanding.saturating_sub(1);
+        }
+        ok
     }
 
     fn on_recv(&self, st: &mut State, c: &WorkCompletion) {
@@ -350,11 +357,7 @@ impl Shared {
             let ep = &mut st.eps[k];
             ep.last_rx = Instant::now();
             ep.keepalive_at = None;
-            let ok = ep.recv.on_receive();
-            if ok {
-                st.budget.outstanding = st.budget.outstanding.saturating_sub(1);
-            }
-            ok
+            Self::take_credit(st, k)
         };
         if !credited {
             st.stats.protocol_errors += 1;
