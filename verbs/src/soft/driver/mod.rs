@@ -365,27 +365,28 @@ impl Shared {
 
     /// Runs `f` on the NIC, then sends whatever it produced.
     pub(crate) fn with_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R) -> R {
-        let mut nic = self.nic.lock();
-        let now = self.now();
-        let r = f(&mut nic, now);
-        // Posting receives and most control operations produce nothing to send: skip the
-        // flush (the TX lock and the drain loops) on those paths.
-        if nic.has_output() {
-            self.flush(nic, now);
-        }
-        r
+        self.run_nic(f, false)
     }
 
     /// [`with_nic`](Self::with_nic) for posting sends: inside the calling thread's post
     /// batch, the sends may be held and leave together (see `doorbell.rs`).
     pub(crate) fn post_with_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R) -> R {
+        self.run_nic(f, true)
+    }
+
+    fn run_nic<R>(&self, f: impl FnOnce(&mut Nic, u64) -> R, posting: bool) -> R {
         let mut nic = self.nic.lock();
         let now = self.now();
         let r = f(&mut nic, now);
+        // Posting receives and most control operations produce nothing to send: skip the
+        // flush (the TX lock and the drain loops) on those paths.
         if !nic.has_output() {
             return r;
         }
-        match self.doorbell.hold(self.id(), now) {
+        match posting
+            .then(|| self.doorbell.hold(self.id(), now))
+            .flatten()
+        {
             None => self.flush(nic, now),
             Some(first) => {
                 drop(nic);
