@@ -69,9 +69,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// Version of the bootstrap protocol; both sides must agree. Version 3: credit recall may
-/// be signalled with an RDMA WRITE with immediate (`rdmx_core::header::RecallSignal`), which
-/// a version 2 peer would take for a protocol violation.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// be signalled with an RDMA WRITE with immediate (`rdmx_core::header::Signal`), which a
+/// version 2 peer would take for a protocol violation. Version 4: a rendezvous request may
+/// ask to be woken when a read finishes (`Header::WAKE_ON_READ`), answered with a
+/// `Signal::ReadDone` a version 3 peer would reject.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
@@ -1086,7 +1088,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x03\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x04\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -1121,17 +1123,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v4 = header(4, 5);
+        let v5 = header(5, 5);
         assert!(matches!(
-            decode(&v4[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 3, theirs: 4 })
+            decode(&v5[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 4, theirs: 5 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v4[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v5[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v4).unwrap(),
+            decode_header(&v5).unwrap(),
             Some(Header {
-                version: 4,
+                version: 5,
                 payload_len: 5
             })
         );

@@ -8,6 +8,7 @@
 //! | `inline_threshold` | `RDMX_INLINE_THRESHOLD` | 188 bytes (capped by the device) |
 //! | `rndv_threshold` | `RDMX_RNDV_THRESHOLD` | 32768 bytes |
 //! | `credits` | `RDMX_CREDITS` | 32 per endpoint |
+//! | `rndv_window` | `RDMX_RNDV_WINDOW` | 8 rendezvous messages per endpoint |
 //! | `srq_depth` | `RDMX_SRQ_DEPTH` | 512 receive buffers |
 //! | `pool_max` | `RDMX_POOL_MAX` (`K`/`M`/`G` suffixes) | 512 MiB |
 //! | `regcache_max` | `RDMX_REGCACHE_MAX` (`K`/`M`/`G` suffixes) | 256 MiB |
@@ -43,6 +44,14 @@ pub struct Config {
     /// Receive credits each endpoint aims for (messages the peer may send before it must
     /// wait for more).
     pub credits: u32,
+    /// Rendezvous messages an endpoint may have waiting for the peer's read: a further one
+    /// waits (blocks, `WouldBlock`s or pends) until a read finishes. Each holds its source
+    /// buffer, so this bounds the memory a sender pins per endpoint, and it keeps the
+    /// buffers a stream cycles through few and warm in cache. When the window fills, the
+    /// peer signals once half of it is read, so a sleeping sender wakes without polling.
+    /// The default, 8, measured best on the soft provider with 1 MiB streams, busy-polling
+    /// or not (docs/BENCHMARKS.md, "Rendezvous window").
+    pub rndv_window: u32,
     /// Receive buffers kept posted on the shared receive queue (shared by all endpoints).
     pub srq_depth: u32,
     /// The most registered memory the buffer pool may hold, in bytes.
@@ -73,6 +82,7 @@ impl Default for Config {
             inline_threshold: 188,
             rndv_threshold: 32 << 10,
             credits: 32,
+            rndv_window: 8,
             srq_depth: 512,
             pool_max: 512 << 20,
             regcache_max: 256 << 20,
@@ -107,6 +117,12 @@ impl Config {
         let bad = |m: String| Err(Error::Config(m));
         if self.credits == 0 || self.credits > 65_536 {
             return bad(format!("credits = {} (must be 1..=65536)", self.credits));
+        }
+        if self.rndv_window == 0 || self.rndv_window > 65_536 {
+            return bad(format!(
+                "rndv_window = {} (must be 1..=65536)",
+                self.rndv_window
+            ));
         }
         if self.srq_depth < 2 || self.srq_depth > 1 << 20 {
             return bad(format!(
@@ -162,6 +178,7 @@ pub struct ConfigBuilder {
     inline_threshold: Option<usize>,
     rndv_threshold: Option<usize>,
     credits: Option<u32>,
+    rndv_window: Option<u32>,
     srq_depth: Option<u32>,
     pool_max: Option<usize>,
     regcache_max: Option<usize>,
@@ -208,6 +225,11 @@ impl ConfigBuilder {
     setter!(
         /// Sets the credits per endpoint (`RDMX_CREDITS`).
         credits: u32
+    );
+    setter!(
+        /// Sets the rendezvous messages an endpoint may have awaiting the peer's read
+        /// (`RDMX_RNDV_WINDOW`).
+        rndv_window: u32
     );
     setter!(
         /// Sets the number of receive buffers on the shared receive queue (`RDMX_SRQ_DEPTH`).
@@ -300,6 +322,7 @@ impl ConfigBuilder {
                 d.rndv_threshold,
             ),
             credits: pick(self.credits, u32_of("RDMX_CREDITS")?, d.credits),
+            rndv_window: pick(self.rndv_window, u32_of("RDMX_RNDV_WINDOW")?, d.rndv_window),
             srq_depth: pick(self.srq_depth, u32_of("RDMX_SRQ_DEPTH")?, d.srq_depth),
             pool_max: pick(self.pool_max, usize_of("RDMX_POOL_MAX")?, d.pool_max),
             regcache_max: pick(
@@ -388,6 +411,7 @@ mod tests {
             ("RDMX_REGCACHE_MAX", "0"),
             ("RDMX_TRANSPORT", "XRC"),
             ("RDMX_BUSY_POLL_US", "0"),
+            ("RDMX_RNDV_WINDOW", "2"),
         ]);
         let c = ConfigBuilder::default()
             .credits(4)
@@ -399,6 +423,7 @@ mod tests {
         assert_eq!(c.regcache_max, 0);
         assert_eq!(c.transport, TransportKind::Xrc);
         assert_eq!(c.busy_poll, Duration::ZERO);
+        assert_eq!(c.rndv_window, 2);
     }
 
     #[test]
@@ -439,6 +464,11 @@ mod tests {
             .resolve_with(|_| None)
             .unwrap_err();
         assert!(e.to_string().contains("credits"), "{e}");
+        let e = ConfigBuilder::default()
+            .rndv_window(0)
+            .resolve_with(|_| None)
+            .unwrap_err();
+        assert!(e.to_string().contains("rndv_window"), "{e}");
         let e = ConfigBuilder::default()
             .pool_max(1 << 20)
             .resolve_with(|_| None)

@@ -3,7 +3,7 @@
 //! ```text
 //!  0      1      2             4                8                12               16
 //!  +------+------+-------------+----------------+----------------+----------------+
-//!  | kind | 0    | tag         | credit grant   | rendezvous done| length         |
+//!  | kind | flags| tag         | credit grant   | rendezvous done| length         |
 //!  +------+------+-------------+----------------+----------------+----------------+
 //! ```
 //!
@@ -13,7 +13,8 @@
 //! (mod 2^32) piggybacked on every message, the same values a peer otherwise writes into
 //! the sender's [`Mailbox`] slot with an RDMA WRITE. A rendezvous request (`Rts`) carries
 //! 16 more bytes: the address (u64) and remote key (u32) of the sender's registered buffer,
-//! then 4 reserved bytes.
+//! then 4 reserved bytes. `flags` is 0 but for [`Header::WAKE_ON_READ`] on a rendezvous
+//! request; bits a receiver does not know are ignored.
 //!
 //! Parsing never panics: every length and value is checked, and anything unexpected is a
 //! [`HeaderError`].
@@ -72,6 +73,8 @@ pub struct Header {
     pub rndv_done: u32,
     /// Payload length (`Data`) or rendezvous length (`Rts`).
     pub len: u32,
+    /// Flag bits ([`Header::WAKE_ON_READ`]).
+    pub flags: u8,
 }
 
 /// The buffer a rendezvous request points at.
@@ -84,6 +87,13 @@ pub struct RtsInfo {
 }
 
 impl Header {
+    /// On a rendezvous request: this request fills the sender's rendezvous window (it waits
+    /// for a read to finish before its next one), so the receiver should report its reads
+    /// done with [`Signal::ReadDone`], which wakes the sender, rather than with a plain
+    /// mailbox write, which does not. rdmx signals once half of the requests then
+    /// outstanding are read, so that a sleeping sender wakes once per half window.
+    pub const WAKE_ON_READ: u8 = 1;
+
     /// Writes the header into the first [`HEADER_LEN`] bytes of `out` (which must be at
     /// least that long; shorter buffers are left untouched and `false` is returned).
     pub fn write(&self, out: &mut [u8]) -> bool {
@@ -91,7 +101,7 @@ impl Header {
             return false;
         };
         h[0] = self.kind as u8;
-        h[1] = 0;
+        h[1] = self.flags;
         h[2..4].copy_from_slice(&self.tag.to_be_bytes());
         h[4..8].copy_from_slice(&self.grant.to_be_bytes());
         h[8..12].copy_from_slice(&self.rndv_done.to_be_bytes());
@@ -126,6 +136,7 @@ impl Header {
             grant: u32_at(4),
             rndv_done: u32_at(8),
             len: u32_at(12),
+            flags: h[1],
         };
         let actual = msg.len() - HEADER_LEN;
         let ok = match kind {
@@ -247,29 +258,36 @@ impl Recall {
     }
 }
 
-/// What a recall signal says: the immediate of an RDMA WRITE with immediate that carries
-/// a [`Recall`] word into the peer's slot (the word lands before the completion). It wakes
-/// the peer to act on the word at once instead of at its next background tick.
+/// What a signal says: the immediate of an RDMA WRITE with immediate that carries a word
+/// into the peer's mailbox slot (the word lands before the completion). It wakes the peer to
+/// act on the word at once: a plain write raises no completion, so the peer would see it
+/// only at its next poll of the slot (its background tick, or the end of a bounded sleep).
+/// A signal spends one of the writer's credits for the peer; the receive buffer it consumed
+/// goes back to the queue untouched.
 ///
-/// Layout of the 32-bit immediate: [`RecallSignal::MAGIC`] in bits 24..32, the kind in bits
+/// Layout of the 32-bit immediate: [`Signal::MAGIC`] in bits 24..32, the kind in bits
 /// 16..24, the receiving endpoint's tag in bits 0..16 (for routing, as in a header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecallSignal {
-    /// "I asked you for credits": answer now if idle.
-    Request,
-    /// "I gave credits back": apply them now.
-    Returned,
+pub enum Signal {
+    /// A [`Recall`] word with a new request, "I asked you for credits": answer now if idle.
+    RecallRequest,
+    /// A [`Recall`] word with credits given back: apply them now.
+    RecallReturned,
+    /// A [`Mailbox`] word whose `rndv_done` moved, after a rendezvous request flagged
+    /// [`Header::WAKE_ON_READ`]: the sender may send its next rendezvous message.
+    ReadDone,
 }
 
-impl RecallSignal {
+impl Signal {
     /// The immediate's top byte.
     pub const MAGIC: u8 = 0xC5;
 
     /// The immediate for endpoint `tag` at the receiver.
     pub fn to_imm(self, tag: u16) -> u32 {
         let kind: u32 = match self {
-            Self::Request => 1,
-            Self::Returned => 2,
+            Self::RecallRequest => 1,
+            Self::RecallReturned => 2,
+            Self::ReadDone => 3,
         };
         (u32::from(Self::MAGIC) << 24) | (kind << 16) | u32::from(tag)
     }
@@ -280,8 +298,9 @@ impl RecallSignal {
             return None;
         }
         let kind = match (imm >> 16) & 0xFF {
-            1 => Self::Request,
-            2 => Self::Returned,
+            1 => Self::RecallRequest,
+            2 => Self::RecallReturned,
+            3 => Self::ReadDone,
             _ => return None,
         };
         Some((kind, imm as u16))
@@ -306,6 +325,7 @@ mod tests {
             grant: 7,
             rndv_done: u32::MAX,
             len: 3,
+            flags: 0,
         };
         let mut msg = h.to_bytes().to_vec();
         msg.extend_from_slice(b"abc");
@@ -321,6 +341,7 @@ mod tests {
         let r = Header {
             kind: Kind::Rts,
             len: 1 << 20,
+            flags: Header::WAKE_ON_READ,
             ..h
         };
         r.write(&mut rts);
@@ -339,14 +360,18 @@ mod tests {
 
     #[test]
     fn recall_signal_round_trips_and_rejects_others() {
-        for sig in [RecallSignal::Request, RecallSignal::Returned] {
+        for sig in [
+            Signal::RecallRequest,
+            Signal::RecallReturned,
+            Signal::ReadDone,
+        ] {
             for tag in [0u16, 1, 0x1234, u16::MAX] {
-                assert_eq!(RecallSignal::from_imm(sig.to_imm(tag)), Some((sig, tag)));
+                assert_eq!(Signal::from_imm(sig.to_imm(tag)), Some((sig, tag)));
             }
         }
-        assert_eq!(RecallSignal::from_imm(0), None);
-        assert_eq!(RecallSignal::from_imm(0xC503_0001), None, "unknown kind");
-        assert_eq!(RecallSignal::from_imm(0xC401_0001), None, "wrong magic");
+        assert_eq!(Signal::from_imm(0), None);
+        assert_eq!(Signal::from_imm(0xC504_0001), None, "unknown kind");
+        assert_eq!(Signal::from_imm(0xC401_0001), None, "wrong magic");
     }
 
     #[test]

@@ -305,6 +305,8 @@ pub(crate) fn register(
         rndv_out_done: 0,
         rndv_in_done: 0,
         rndv_in_adv: 0,
+        rndv_in_seen: 0,
+        rndv_wake_at: None,
         rndv_queued: 0,
         inbox: VecDeque::new(),
         delivered: 0,

@@ -65,6 +65,11 @@ impl ContextBuilder {
         credits: u32
     );
     forward!(
+        /// Rendezvous messages per endpoint awaiting the peer's read before a further one
+        /// waits (`RDMX_RNDV_WINDOW`).
+        rndv_window: u32
+    );
+    forward!(
         /// Receive buffers on the shared receive queue (`RDMX_SRQ_DEPTH`).
         srq_depth: u32
     );

@@ -157,6 +157,12 @@ pub(crate) struct Ep {
     // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
     pub(crate) rndv_in_done: u32,
     pub(crate) rndv_in_adv: u32,
+    /// Rendezvous requests received (cumulative).
+    pub(crate) rndv_in_seen: u32,
+    /// The peer's rendezvous window is full (a request carried `Header::WAKE_ON_READ`):
+    /// report reads done with a signal once `rndv_in_done` reaches this, half of what was
+    /// then outstanding (the peer sleeps once per half window, not once per message).
+    pub(crate) rndv_wake_at: Option<u32>,
     /// Rendezvous messages announced by the peer and not yet taken by the application.
     /// They count against the endpoint's credit window (the RTS buffer itself is reposted
     /// at once), so a receiver that does not read stops a rendezvous sender just as it stops

@@ -28,7 +28,7 @@
 //! **Signals.** A plain write raises no completion, so the peer would act on a request or an
 //! answer only at its next background tick (100 ms), and a starving sender waited for two
 //! ticks. When the writer holds a credit for the peer, a request or an answer is sent as an
-//! RDMA WRITE *with immediate* instead ([`RecallSignal`]): the word lands, then a completion
+//! RDMA WRITE *with immediate* instead ([`Signal`]): the word lands, then a completion
 //! wakes the peer, which acts at once. The signal uses one receive buffer, paid with one of
 //! the writer's credits like any message: an answer gives back all its credits but the one
 //! the signal spends, which the receiver frees as it reposts the buffer. Without a credit the
@@ -39,7 +39,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx_core::header::{RECALL_OFF, Recall, RecallSignal};
+use rdmx_core::header::{RECALL_OFF, Recall, Signal};
 use rdmx_verbs::{Rkey, WrOpcode};
 
 use crate::ep::{Hold, Status};
@@ -54,7 +54,7 @@ pub(crate) fn write_recall(st: &mut State, k: usize) -> bool {
 
 /// [`write_recall`], as a signal to the peer when `signal` is set and we hold a credit for
 /// it (see the module's documentation).
-fn write_recall_as(st: &mut State, k: usize, signal: Option<RecallSignal>) -> bool {
+fn write_recall_as(st: &mut State, k: usize, signal: Option<Signal>) -> bool {
     let Some(ep) = st.eps.get_mut(k) else {
         return false;
     };
@@ -151,27 +151,26 @@ fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bo
     let give = avail - keep - 1;
     ep.send.sent = ep.send.sent.wrapping_add(give);
     ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
-    write_recall_as(st, k, Some(RecallSignal::Returned));
+    write_recall_as(st, k, Some(Signal::RecallReturned));
 }
 
-/// A recall signal arrived on endpoint `k`: act on the peer's word now.
-pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, sig: RecallSignal) {
+/// A recall signal arrived on endpoint `k`: act on the peer's word now. `returned`: the
+/// peer gave credits back ([`Signal::RecallReturned`]); otherwise it asked for some
+/// ([`Signal::RecallRequest`]).
+pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
     let Some(theirs) = their_word(sh, st, k) else {
         return;
     };
-    match sig {
-        RecallSignal::Returned => {
-            if apply_returned(sh, st, k, theirs) > 0 {
-                sh.wake_all();
-            }
+    if returned {
+        if apply_returned(sh, st, k, theirs) > 0 {
+            sh.wake_all();
         }
-        RecallSignal::Request => {
-            let idle_sender = st
-                .eps
-                .get(k)
-                .is_some_and(|ep| ep.send.sent == ep.recall.sent_at_tick);
-            answer(sh, st, k, theirs, idle_sender);
-        }
+    } else {
+        let idle_sender = st
+            .eps
+            .get(k)
+            .is_some_and(|ep| ep.send.sent == ep.recall.sent_at_tick);
+        answer(sh, st, k, theirs, idle_sender);
     }
 }
 
@@ -322,6 +321,6 @@ fn feed_starving(
         ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
         ep.recall.ask_all = all;
         ep.recall.asked_at = Some(now);
-        write_recall_as(st, k, Some(RecallSignal::Request));
+        write_recall_as(st, k, Some(Signal::RecallRequest));
     }
 }

@@ -104,6 +104,7 @@ impl Shared {
             grant: 0,
             rndv_done: ep.rndv_in_done,
             len: len as u32,
+            flags: 0,
         };
         if len <= self.inline_max {
             hdr.grant = ep.recv.advertise();
@@ -156,7 +157,17 @@ impl Shared {
             );
             return Ok(None);
         }
-        // Rendezvous: the peer reads the buffer, then reports it done.
+        // Rendezvous: the peer reads the buffer, then reports it done. At most
+        // `rndv_window` may await their read; the one that fills the window asks the peer
+        // to signal the next read done, which wakes us if we then wait.
+        let window = self.cfg.rndv_window as usize;
+        if ep.rndv_out.len() >= window {
+            self.read_mailbox(st, k);
+            if st.eps[k].rndv_out.len() >= window {
+                return Ok(Some(payload));
+            }
+        }
+        let ep = &mut st.eps[k];
         let src = match payload {
             Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => RndvSrc::Buf(b),
             Payload::Shared(b) => match self.regcache.register(&b) {
@@ -177,6 +188,9 @@ impl Shared {
             RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
         };
         hdr.kind = Kind::Rts;
+        if ep.rndv_out.len() + 1 >= window {
+            hdr.flags |= Header::WAKE_ON_READ;
+        }
         hdr.grant = ep.recv.advertise();
         ep.rndv_in_adv = ep.rndv_in_done;
         let mut frame = [0u8; RTS_LEN];

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rdmx_core::credit::Budget;
-use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RecallSignal, RtsInfo};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, MAILBOX_LEN, Mailbox, RtsInfo, Signal};
 use rdmx_core::pool::BufferPool;
 use rdmx_core::regcache::RegCache;
 use rdmx_core::{Buf, Config, DisconnectCause, Event};
@@ -58,6 +58,9 @@ pub struct Stats {
     /// Recall requests and answers sent as signals (RDMA WRITE with immediate), which the
     /// peer acts on at once instead of at its next tick.
     pub recall_signals: u64,
+    /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
+    /// being full), which wake the sender at once.
+    pub read_done_signals: u64,
 }
 
 /// All mutable state of a context.
@@ -240,20 +243,17 @@ impl Shared {
         }
     }
 
-    /// An RDMA WRITE with immediate: a credit-recall signal (the only use rdmx makes of
-    /// them). It used a credit and a receive buffer, which goes back to the queue untouched.
-    fn on_recall_signal(&self, st: &mut State, c: &WorkCompletion, buf: Buf) {
+    /// An RDMA WRITE with immediate: a [`Signal`] (the only use rdmx makes of them). It
+    /// used a credit and a receive buffer, which goes back to the queue untouched.
+    fn on_signal(&self, st: &mut State, c: &WorkCompletion, buf: Buf) {
         let qpn = c.qp_num.0;
-        let routed = c
-            .imm()
-            .and_then(RecallSignal::from_imm)
-            .and_then(|(sig, tag)| {
-                let k = usize::from(tag);
-                st.eps
-                    .get(k)
-                    .is_some_and(|e| e.recv_qpn == qpn)
-                    .then_some((sig, k))
-            });
+        let routed = c.imm().and_then(Signal::from_imm).and_then(|(sig, tag)| {
+            let k = usize::from(tag);
+            st.eps
+                .get(k)
+                .is_some_and(|e| e.recv_qpn == qpn)
+                .then_some((sig, k))
+        });
         let Some((sig, k)) = routed else {
             st.stats.stray_completions += 1;
             st.stats.protocol_errors += 1;
@@ -275,12 +275,17 @@ impl Shared {
             self.fail(
                 st,
                 k,
-                DisconnectCause::Protocol("recall signal without a credit".into()),
+                DisconnectCause::Protocol("signal without a credit".into()),
             );
             return;
         }
         self.mark_needy(st, k);
-        crate::recall::on_signal(self, st, k, sig);
+        match sig {
+            // The mailbox word landed before the completion.
+            Signal::ReadDone => self.read_mailbox(st, k),
+            Signal::RecallReturned => crate::recall::on_signal(self, st, k, true),
+            Signal::RecallRequest => crate::recall::on_signal(self, st, k, false),
+        }
     }
 
     /// The peer of endpoint `k` used one of our credits (its buffer was already counted as
@@ -302,7 +307,7 @@ impl Shared {
         st.recv_seen += 1;
         let qpn = c.qp_num.0;
         if c.status == WcStatus::Success && c.opcode == WcOpcode::RecvRdmaWithImm {
-            self.on_recall_signal(st, c, buf);
+            self.on_signal(st, c, buf);
             return;
         }
         // Route by the header's tag (XRC needs it: one target queue pair carries the messages
@@ -404,7 +409,13 @@ impl Shared {
                     );
                     return;
                 }
-                st.eps[k].rndv_queued += 1;
+                let ep = &mut st.eps[k];
+                ep.rndv_queued += 1;
+                ep.rndv_in_seen = ep.rndv_in_seen.wrapping_add(1);
+                if hdr.flags & Header::WAKE_ON_READ != 0 {
+                    let outstanding = ep.rndv_in_seen.wrapping_sub(ep.rndv_in_done);
+                    ep.rndv_wake_at = Some(ep.rndv_in_done.wrapping_add(outstanding.div_ceil(2)));
+                }
                 st.eps[k].inbox.push_back(Inbound::Rndv {
                     len: hdr.len,
                     rts,
@@ -771,12 +782,28 @@ impl Shared {
                 grant: ep.recv.advertise(),
                 rndv_done: ep.rndv_in_done,
             };
+            // A sender whose rendezvous window is full asked to be woken once half of it is
+            // read; that takes a credit (without one, it finds out by polling).
+            let wake = ep
+                .rndv_wake_at
+                .is_some_and(|at| !rdmx_core::header::seq_after(at, ep.rndv_in_done));
+            if wake {
+                ep.rndv_wake_at = None;
+            }
             ep.rndv_in_adv = ep.rndv_in_done;
             let bytes = m.to_word().to_be_bytes();
             let (addr, rkey) = ep.peer_mailbox;
-            let op = WrOpcode::RdmaWrite {
-                remote_addr: addr,
-                rkey: rdmx_verbs::Rkey(rkey),
+            let remote_addr = addr;
+            let rkey = rdmx_verbs::Rkey(rkey);
+            let op = if wake && ep.is_open() && ep.send.take() {
+                st.stats.read_done_signals += 1;
+                WrOpcode::RdmaWriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm: Signal::ReadDone.to_imm(ep.peer_tag),
+                }
+            } else {
+                WrOpcode::RdmaWrite { remote_addr, rkey }
             };
             if let Err(e) = post_on(ep, op, PostData::Inline(&bytes), Hold::None, false) {
                 tracing::debug!("mailbox write failed: {e}");
@@ -938,6 +965,7 @@ impl Shared {
                     grant: ep.recv.advertise(),
                     rndv_done: ep.rndv_in_done,
                     len: 0,
+                    flags: 0,
                 };
                 ep.rndv_in_adv = ep.rndv_in_done;
                 ep.send.take();

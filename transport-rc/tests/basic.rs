@@ -333,3 +333,56 @@ fn grants_to_a_sender_running_ahead_come_a_quarter_window_at_a_time() {
         "{writes} grant writes for {n} messages"
     );
 }
+
+#[test]
+fn rendezvous_window_bounds_the_buffers_awaiting_a_read() {
+    // A stream of rendezvous messages sent by copy: each takes a pooled source buffer,
+    // held until the peer reports its read done. With a window of 2, no more than 2 are
+    // held after any send returns (the credit window alone would allow 32). The sender
+    // does not busy-poll, so it sleeps whenever the window is full: the read that frees
+    // it must be signalled, or each wait would last until its sleep ends.
+    let size = 256 << 10;
+    let window = 2;
+    let (c, cep, s, sep) = pair_with(|| {
+        Context::builder()
+            .pool_max(128 << 20)
+            .rndv_window(window)
+            .busy_poll(Duration::ZERO)
+    });
+    assert_eq!(c.config().rndv_window, window);
+    let n = 200u32;
+    let rx = std::thread::spawn(move || {
+        for i in 0..n {
+            let m = sep.recv_timeout(Duration::from_secs(10)).expect("recv");
+            assert_eq!(m.len(), size, "message {i}");
+            assert_eq!(m[..4], i.to_le_bytes(), "message {i}");
+            assert!(m[4..].iter().all(|&b| b == i as u8), "message {i}");
+        }
+        sep
+    });
+    let class = c.alloc(size).expect("alloc").capacity();
+    let base = c.pool_stats().in_use_bytes;
+    let mut most = 0;
+    let mut msg = vec![0u8; size];
+    for i in 0..n {
+        msg.fill(i as u8);
+        msg[..4].copy_from_slice(&i.to_le_bytes());
+        cep.send(&msg).expect("send");
+        most = most.max(c.pool_stats().in_use_bytes.saturating_sub(base));
+    }
+    let _sep = rx.join().unwrap();
+    eprintln!(
+        "at most {most} bytes held ({class}-byte buffers); {} read-done signals for {n} messages",
+        s.stats().read_done_signals
+    );
+    assert!(
+        most <= window as usize * class,
+        "{most} bytes held, window {window} x {class}"
+    );
+    assert!(
+        s.stats().read_done_signals > 0,
+        "the full window was never signalled"
+    );
+    assert_eq!(c.device_counters().rnr_naks_sent, 0);
+    assert_eq!(s.device_counters().rnr_naks_sent, 0);
+}

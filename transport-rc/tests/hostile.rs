@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
-use rdmx_core::header::{HEADER_LEN, Header, Kind, RECALL_OFF, RTS_LEN, RecallSignal, RtsInfo};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, RECALL_OFF, RTS_LEN, RtsInfo, Signal};
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::{Context, Endpoint};
 use rdmx_verbs::{
@@ -190,6 +190,7 @@ impl Rogue {
             grant: 64,
             rndv_done: 0,
             len,
+            flags: 0,
         }
     }
 
@@ -286,22 +287,23 @@ fn garbage_header_takes_the_endpoint_down() {
 }
 
 #[test]
-fn recall_signals_are_checked() {
+fn signals_are_checked() {
     let (ctx, l) = server();
-    // A well-formed signal (an empty recall word: nothing asked, nothing returned) is
-    // harmless: the endpoint keeps working.
+    // Well-formed signals (an empty recall word: nothing asked, nothing returned; a read
+    // done with no rendezvous outstanding) are harmless: the endpoint keeps working.
     let (rogue, ep) = accept_rogue(&l);
-    let ok = RecallSignal::Request.to_imm(rogue.tag);
-    assert_eq!(rogue.write_imm(ok), WcStatus::Success);
-    assert_eq!(rogue.send(&rogue.data(b"after")), WcStatus::Success);
-    let m = ep.recv_timeout(Duration::from_secs(5)).unwrap();
-    assert_eq!(&m[..], b"after");
+    for sig in [Signal::RecallRequest, Signal::ReadDone] {
+        assert_eq!(rogue.write_imm(sig.to_imm(rogue.tag)), WcStatus::Success);
+        assert_eq!(rogue.send(&rogue.data(b"after")), WcStatus::Success);
+        let m = ep.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(&m[..], b"after", "{sig:?}");
+    }
     // An immediate that is no signal, and a signal for another endpoint's tag: each takes
     // the endpoint down as a protocol violation.
     for other_tag in [false, true] {
         let (rogue, ep) = accept_rogue(&l);
         let imm = if other_tag {
-            RecallSignal::Returned.to_imm(rogue.tag.wrapping_add(1))
+            Signal::RecallReturned.to_imm(rogue.tag.wrapping_add(1))
         } else {
             0xDEAD_BEEF
         };

@@ -394,6 +394,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
             grant: 8,
             rndv_done: 0,
             len: 5,
+            flags: 0,
         };
         let mut msg = h.to_bytes().to_vec();
         msg.extend_from_slice(b"early");
