@@ -36,10 +36,13 @@ mod conn;
 mod context;
 mod endpoint;
 mod ep;
+mod grants;
 mod inbox;
 mod recall;
+mod rndv;
 mod send;
 mod shared;
+mod teardown;
 mod xrc;
 
 pub use context::{Batch, Context, ContextBuilder, Listener, MAX_ENDPOINTS};

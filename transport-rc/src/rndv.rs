@@ -1,0 +1,173 @@
+//! Rendezvous bookkeeping of the progress engine: reads of peers' buffers (posted in order
+//! as destinations are free), the "read done" counts and credit grants a peer writes into
+//! our mailbox slots, and the window of our own buffers awaiting a peer's read.
+
+use rdmx_core::DisconnectCause;
+use rdmx_core::header::Mailbox;
+use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
+
+use crate::ep::{Hold, Inbound, wrid};
+use crate::shared::{Shared, State};
+
+impl Shared {
+    pub(crate) fn on_read(&self, st: &mut State, c: &WorkCompletion) {
+        let k = wrid::key(c.wr_id);
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if ep.qpn != c.qp_num.0 {
+            return;
+        }
+        ep.signaled_out = ep.signaled_out.saturating_sub(1);
+        // Reads complete in the order they were posted: the first posted, unfinished one.
+        let at = ep.inbox.iter().position(|i| {
+            matches!(
+                i,
+                Inbound::Rndv {
+                    posted: true,
+                    done: false,
+                    ..
+                }
+            )
+        });
+        if let Some(at) = at {
+            if c.status == WcStatus::Success {
+                if let Some(Inbound::Rndv { done, .. }) = ep.inbox.get_mut(at) {
+                    *done = true;
+                }
+            } else {
+                // The message never arrived: it must not be delivered with whatever its
+                // buffer held. The read is over, so the NIC no longer writes the buffer.
+                ep.inbox.remove(at);
+                ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+            }
+        }
+        ep.inflight.retain(|(s, _)| *s != wrid::seq(c.wr_id));
+        if c.status == WcStatus::Success {
+            ep.rndv_in_done = ep.rndv_in_done.wrapping_add(1);
+            if !st.dirty.contains(&k) {
+                st.dirty.push(k);
+            }
+            if at.is_some() {
+                st.mark_ready(k);
+            }
+        } else if c.status != WcStatus::WrFlushErr {
+            self.fail_qp(
+                st,
+                c.qp_num.0,
+                DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
+            );
+        }
+    }
+
+    /// Applies cumulative counters from the peer (piggybacked or from the mailbox).
+    pub(crate) fn apply_peer_counters(&self, st: &mut State, k: usize, m: Mailbox) {
+        let ep = &mut st.eps[k];
+        ep.send.update(m.grant);
+        while rdmx_core::header::seq_after(m.rndv_done, ep.rndv_out_done) {
+            if ep.rndv_out.pop_front().is_none() {
+                break;
+            }
+            ep.rndv_out_done = ep.rndv_out_done.wrapping_add(1);
+        }
+        if ep.rndv_out.is_empty() {
+            st.rndv_watch.retain(|&x| x != k);
+        }
+    }
+
+    /// Reads the mailbox slot of one endpoint and applies it.
+    pub(crate) fn read_mailbox(&self, st: &mut State, k: usize) {
+        let Some(ep) = st.eps.get(k) else { return };
+        let mut b = [0u8; 8];
+        if self.mailbox.read(ep.mailbox_off, &mut b).is_err() {
+            return;
+        }
+        let m = Mailbox::from_word(u64::from_be_bytes(b));
+        if m != ep.mailbox_seen {
+            st.eps[k].mailbox_seen = m;
+            self.apply_peer_counters(st, k, m);
+        }
+    }
+
+    pub(crate) fn check_mailboxes(&self, st: &mut State) {
+        let watch = std::mem::take(&mut st.rndv_watch);
+        for &k in &watch {
+            self.read_mailbox(st, k);
+        }
+        for k in watch {
+            if st.eps.get(k).is_some_and(|e| !e.rndv_out.is_empty()) && !st.rndv_watch.contains(&k)
+            {
+                st.rndv_watch.push(k);
+            }
+        }
+    }
+
+    /// Allocates destinations for waiting rendezvous requests and posts their reads, in order.
+    pub(crate) fn post_deferred_reads(&self, st: &mut State) {
+        if st.rndv_wait.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut st.rndv_wait);
+        for k in waiting {
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            let mut blocked = false;
+            for entry in ep.inbox.iter_mut() {
+                let Inbound::Rndv {
+                    len,
+                    rts,
+                    dest,
+                    posted,
+                    ..
+                } = entry
+                else {
+                    continue;
+                };
+                if *posted {
+                    continue;
+                }
+                if ep.inflight.len() as u32 + 1 >= ep.sq_depth {
+                    blocked = true;
+                    break;
+                }
+                if dest.is_none() {
+                    match self.pool.try_alloc(*len as usize) {
+                        Ok(b) => *dest = Some(b),
+                        Err(_) => {
+                            blocked = true;
+                            break;
+                        }
+                    }
+                }
+                let Some(d) = dest.as_ref() else { break };
+                let sge = d.sge();
+                let seq = ep.next_seq;
+                ep.next_seq = ep.next_seq.wrapping_add(1);
+                let mut wr = SendWr::new(
+                    wrid::make(wrid::READ, k, seq),
+                    WrOpcode::RdmaRead {
+                        remote_addr: rts.addr,
+                        rkey: rdmx_verbs::Rkey(rts.rkey),
+                    },
+                    std::slice::from_ref(&sge),
+                )
+                .signaled();
+                wr.remote_srqn = ep.remote_srqn;
+                match ep.qp.post_send(&wr) {
+                    Ok(()) => {
+                        ep.inflight.push_back((seq, Hold::None));
+                        ep.signaled_out += 1;
+                        *posted = true;
+                    }
+                    Err(e) => {
+                        tracing::debug!("posting a rendezvous read failed: {e}");
+                        blocked = true;
+                        break;
+                    }
+                }
+            }
+            if blocked {
+                st.rndv_wait.push(k);
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Endpoint life's end: taking an endpoint down (its queue pair to the error state, the
+//! application told), reaping endpoints whose work has drained, and removing them with
+//! their buffers returned only after the queue pair is flushed.
+
+use std::sync::Arc;
+
+use rdmx_core::header::{Header, Kind, MAILBOX_LEN};
+use rdmx_core::{DisconnectCause, Event};
+use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
+
+use crate::ep::{Hold, Inbound, OpResult, OpSource, Status};
+use crate::send::{PostData, post_on};
+use crate::shared::{Shared, State};
+
+impl Shared {
+    /// Takes an endpoint down: its queue pair goes to the error state (flushing what is
+    /// posted), the application is told.
+    pub(crate) fn fail(&self, st: &mut State, k: usize, cause: DisconnectCause) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if matches!(ep.status, Status::Down(_)) {
+            return;
+        }
+        tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
+        ep.status = Status::Down(cause.clone());
+        // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
+        // by `fail_qp` when it breaks).
+        if Arc::strong_count(&ep.qp) == 1 {
+            let _ = ep.qp.modify(
+                &QpAttr {
+                    qp_state: QpState::Err,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::STATE,
+            );
+        }
+        ep.signaled_out = 0;
+        // Operations still waiting get an error now. Their buffers, like every buffer a
+        // posted work request names, stay in the endpoint until the flush completion of that
+        // request arrives or the queue pair is destroyed: a NIC may still be using them.
+        for (s, hold) in ep.inflight.iter_mut() {
+            if let Hold::Op(src) = hold {
+                ep.ops_done.push(OpResult {
+                    seq: *s,
+                    status: WcStatus::WrFlushErr,
+                    buf: None,
+                });
+                *hold = match std::mem::replace(src, OpSource::None) {
+                    OpSource::None => Hold::None,
+                    OpSource::Buf(b) => Hold::Buf(b),
+                    OpSource::Shared(r) => Hold::Shared(r),
+                };
+            }
+        }
+        // Rendezvous buffers stay too (released with the queue pair); nobody needs to
+        // watch for their release any more.
+        st.rndv_watch.retain(|&x| x != k);
+        st.events.push_back(Event::Disconnected {
+            endpoint: ep.id,
+            cause,
+        });
+        st.reap_pending = true;
+        self.wake_all();
+    }
+
+    /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
+    /// down and whose handle is gone.
+    pub(crate) fn reap(&self, st: &mut State) {
+        // A closing endpoint whose last send used its last credit needs the peer's next
+        // grant for its Close, and grants written into the mailbox are only noticed when
+        // read: nothing else reads it once the application stopped sending.
+        let starved: Vec<usize> = st
+            .eps
+            .iter()
+            .filter(|(_, ep)| {
+                ep.status == Status::Closing && !ep.close_sent && ep.send.available() == 0
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in starved {
+            self.read_mailbox(st, k);
+        }
+        let mut remove = Vec::new();
+        for (k, ep) in st.eps.iter_mut() {
+            if ep.status == Status::Closing
+                && !ep.close_sent
+                && ep.drained()
+                && ep.send.available() > 0
+            {
+                let h = Header {
+                    kind: Kind::Close,
+                    tag: ep.peer_tag,
+                    grant: ep.recv.advertise(),
+                    rndv_done: ep.rndv_in_done,
+                    len: 0,
+                    flags: 0,
+                };
+                ep.rndv_in_adv = ep.rndv_in_done;
+                ep.send.take();
+                if post_on(
+                    ep,
+                    WrOpcode::Send,
+                    PostData::Inline(&h.to_bytes()),
+                    Hold::None,
+                    true,
+                )
+                .is_ok()
+                {
+                    ep.close_sent = true;
+                }
+            }
+            if ep.status == Status::Closing
+                && ep.close_sent
+                && ep.peer_closed
+                && ep.signaled_out == 0
+            {
+                ep.status = Status::Down(DisconnectCause::PeerClosed);
+                // The event comes after the last message the peer sent before closing has
+                // been taken (see `inbox.rs`): an application that drops the endpoint on the
+                // event loses nothing.
+                if ep.has_pending_messages() {
+                    ep.close_event_due = true;
+                } else {
+                    st.events.push_back(Event::Disconnected {
+                        endpoint: ep.id,
+                        cause: DisconnectCause::PeerClosed,
+                    });
+                }
+            }
+            if ep.detached && matches!(ep.status, Status::Down(_)) {
+                remove.push(k);
+            }
+        }
+        for k in remove {
+            self.remove(st, k);
+        }
+        st.reap_pending = st.eps.iter().any(|(_, e)| {
+            e.status == Status::Closing || (e.detached && matches!(e.status, Status::Down(_)))
+        });
+    }
+
+    /// Destroys an endpoint's queue pair and frees its credits and buffers.
+    pub(crate) fn remove(&self, st: &mut State, k: usize) {
+        let Some(ep) = st.eps.try_remove(k) else {
+            return;
+        };
+        if st.by_qpn.get(&ep.qpn) == Some(&k) {
+            st.by_qpn.remove(&ep.qpn);
+        }
+        st.budget.remove_endpoint(&ep.recv);
+        st.needy.retain(|&x| x != k);
+        st.ready.retain(|&x| x != k);
+        st.dirty.retain(|&x| x != k);
+        st.rndv_watch.retain(|&x| x != k);
+        st.rndv_wait.retain(|&x| x != k);
+        let _ = self.mailbox.write(ep.mailbox_off, &[0; MAILBOX_LEN]);
+        // Eager buffers still queued go back to the receive queue.
+        let mut ep = ep;
+        for i in ep.inbox.drain(..) {
+            if let Inbound::Msg {
+                buf, eager: true, ..
+            } = i
+            {
+                st.held = st.held.saturating_sub(1);
+                self.repost(st, buf);
+            }
+        }
+        // Dropping the queue pair destroys it; the verbs layer guarantees the NIC no longer
+        // touches the buffers held by its work requests once that returns.
+        drop(ep);
+    }
+}
