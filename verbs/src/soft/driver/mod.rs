@@ -8,8 +8,11 @@
 //! sleeps in `poll(2)` on the sockets, a wake-up eventfd and the next timer. It never spins.
 
 mod doorbell;
+mod engine_thread;
 pub(crate) mod pcap;
+mod rx;
 pub(crate) mod sys;
+mod tx;
 
 /// The only place the soft provider reads clocks: the engine is sans-I/O and takes `now`
 /// as an argument (clippy.toml bans the clock calls everywhere else).
@@ -32,35 +35,31 @@ pub(crate) mod clock {
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::engine::{AsyncEvent, Nic, NicConfig, NicCounters};
 use super::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::error::VerbsError;
 use crate::types::Mtu;
+use engine_thread::engine_thread;
 use pcap::PcapWriter;
+use rx::{GroupSock, RxState};
 use sys::EventFd;
+use tx::TxBatch;
 
 /// After a CQ poll, the engine thread keeps off the sockets for this long.
 pub(crate) const HANDOFF_NS: u64 = 2_000_000;
-/// Largest UDP payload we send or accept (4096 MTU + headers + pad + ICRC, rounded up).
-const MAX_PACKET: usize = 4096 + 256;
-/// An idle poll releases ACKs held at least this long (see `Nic::flush_acks`).
-const ACK_IDLE_NS: u64 = 50_000;
 /// Receive buffers per progress call (each holds one GRO batch of up to 64 KiB).
 const RX_BATCH: usize = 32;
 /// Size of one receive buffer.
 const RX_BUF: usize = 65_536 + 1024;
-/// Largest GSO batch: segments and bytes.
-const GSO_MAX_SEGS: usize = 64;
-const GSO_MAX_BYTES: usize = 65_000;
 /// Socket buffer size requested (bytes).
 const SOCKET_BUFFER: i32 = 16 << 20;
 
@@ -79,38 +78,6 @@ impl ChannelInner {
             ready: Mutex::new(VecDeque::new()),
         })
     }
-}
-
-/// A socket receiving one multicast group on one port.
-#[derive(Debug)]
-struct GroupSock {
-    ip: IpAddr,
-    port: usize,
-    sock: UdpSocket,
-    /// QPs of this device attached to the group through this port.
-    refs: usize,
-}
-
-/// Packets collected under the NIC lock and sent after it is released (in order).
-#[derive(Debug, Default)]
-struct TxBatch {
-    bufs: Vec<Vec<u8>>,
-    meta: Vec<(usize, SocketAddr, usize)>,
-}
-
-/// Receive buffers, used by whichever thread is draining the sockets.
-#[derive(Debug)]
-struct RxState {
-    bufs: Vec<Vec<u8>>,
-    scratch: sys::RecvScratch,
-    batch: Vec<sys::Received>,
-    /// (port, source, destination, buffer, offset, length) of every datagram read.
-    got: Vec<(usize, SocketAddr, IpAddr, usize, usize, usize)>,
-    /// (port, destination address, fd) of every socket to read.
-    sources: Vec<(usize, IpAddr, RawFd)>,
-    /// The last read found more than one datagram: read in batches (`recvmmsg`) until a
-    /// batch comes back with at most one, then go back to single, cheaper `recvmsg` calls.
-    burst: bool,
 }
 
 /// A running soft device.
@@ -160,14 +127,6 @@ fn port_active_mtu(ifname: Option<&str>) -> Mtu {
         .and_then(sys::interface_mtu)
         .and_then(|m| Mtu::from_bytes_floor(m.saturating_sub(96)))
         .unwrap_or(Mtu::Mtu1024)
-}
-
-/// Send errors that mean the port's link or route is gone (not a transient buffer shortage).
-fn is_link_error(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ENETUNREACH | libc::ENETDOWN | libc::EHOSTUNREACH | libc::EADDRNOTAVAIL)
-    )
 }
 
 /// The process-wide capture file from `RDMX_PCAP`, shared by every soft device.
@@ -431,59 +390,6 @@ impl Shared {
         self.channels.lock().remove(&cq);
     }
 
-    /// Makes port `port` receive multicast group `group` (one socket per group and port,
-    /// bound to `group:4791` with address reuse, so several devices on a host each get a
-    /// copy, spec §1.6). Reference counted per attached QP.
-    pub(crate) fn join_group(&self, port: usize, group: IpAddr) -> Result<(), VerbsError> {
-        let io = |op| move |source| VerbsError::Io { op, source };
-        let mut groups = self.groups.lock();
-        if let Some(g) = groups.iter_mut().find(|g| g.ip == group && g.port == port) {
-            g.refs += 1;
-            return Ok(());
-        }
-        let local = *self
-            .addrs
-            .get(port)
-            .ok_or(VerbsError::NoSuchObject("port"))?;
-        let (IpAddr::V4(g4), IpAddr::V4(l4)) = (group, local.ip()) else {
-            return Err(VerbsError::Unsupported("IPv6 multicast groups"));
-        };
-        let s =
-            Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).map_err(io("socket"))?;
-        s.set_reuse_address(true).map_err(io("SO_REUSEADDR"))?;
-        let bind_to = SocketAddr::new(group, crate::soft::wire::ROCE_UDP_PORT);
-        s.bind(&bind_to.into())
-            .map_err(io("bind multicast group"))?;
-        s.join_multicast_v4(&g4, &l4)
-            .map_err(io("IP_ADD_MEMBERSHIP"))?;
-        s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
-        sys::set_buffers(s.as_raw_fd(), SOCKET_BUFFER);
-        groups.push(GroupSock {
-            ip: group,
-            port,
-            sock: s.into(),
-            refs: 1,
-        });
-        self.group_count.store(groups.len(), Ordering::Relaxed);
-        drop(groups);
-        // The engine thread must add the new socket to its poll set.
-        self.wake.signal();
-        Ok(())
-    }
-
-    /// Drops one reference to a joined group; the socket closes (leaving the group) with the
-    /// last one.
-    pub(crate) fn leave_group(&self, port: usize, group: IpAddr) {
-        let mut groups = self.groups.lock();
-        if let Some(i) = groups.iter().position(|g| g.ip == group && g.port == port) {
-            groups[i].refs -= 1;
-            if groups[i].refs == 0 {
-                groups.swap_remove(i);
-            }
-        }
-        self.group_count.store(groups.len(), Ordering::Relaxed);
-    }
-
     /// Pops an asynchronous event.
     pub(crate) fn pop_event(&self) -> Option<AsyncEvent> {
         let mut q = self.events.lock();
@@ -497,336 +403,6 @@ impl Shared {
     /// The fd that is readable while async events are queued.
     pub(crate) fn event_fd(&self) -> &EventFd {
         &self.event_fd
-    }
-
-    /// Drains everything the NIC has produced and sends the packets, in order, after
-    /// releasing the NIC lock (the TX lock keeps the order between threads).
-    fn flush(&self, mut nic: MutexGuard<'_, Nic>, now: u64) {
-        // Everything the NIC has, held posts included, leaves now.
-        self.doorbell.clear();
-        let mut tx = self.tx.lock();
-        let mut n = 0;
-        loop {
-            if tx.bufs.len() <= n {
-                tx.bufs.push(vec![0u8; MAX_PACKET]);
-            }
-            let Some(t) = nic.poll_transmit(now, &mut tx.bufs[n]) else {
-                break;
-            };
-            tx.meta.push((t.port, t.dst, t.len));
-            n += 1;
-        }
-        let mut notify = Vec::new();
-        while let Some(cq) = nic.poll_cq_notify() {
-            notify.push(cq);
-        }
-        let mut events = Vec::new();
-        while let Some(e) = nic.poll_event() {
-            events.push(e);
-        }
-        let hosting = self.xrc.hosting();
-        let mut forwarded = Vec::new();
-        if hosting {
-            nic.take_forwarded(&mut forwarded);
-        }
-        drop(nic);
-        let pcap = pcap();
-        let TxBatch { bufs, meta } = &mut *tx;
-        if let Some(p) = pcap {
-            let ts = clock::wall();
-            let mut p = p.lock();
-            for (i, &(port, dst, len)) in meta.iter().enumerate() {
-                let src = self.addrs[port];
-                let dst4791 = SocketAddr::new(dst.ip(), crate::soft::wire::ROCE_UDP_PORT);
-                let _ = p.write_frame(ts, src, dst4791, &bufs[i][..len]);
-            }
-        }
-        // Ports whose sends worked / failed for lack of a route or link (bit per port).
-        let (mut sent_ok, mut link_err) = (0u64, 0u64);
-        let mut i = 0;
-        while i < meta.len() {
-            let (port, dst, len) = meta[i];
-            // A run of packets to one destination, all of one size but the last: one GSO
-            // send (every segment is a complete RoCE packet).
-            let mut j = i + 1;
-            let mut total = len;
-            if self.gso.load(Ordering::Relaxed) {
-                while j < meta.len()
-                    && j - i < GSO_MAX_SEGS
-                    && meta[j].0 == port
-                    && meta[j].1 == dst
-                    && meta[j].2 <= len
-                    && total + meta[j].2 <= GSO_MAX_BYTES
-                {
-                    total += meta[j].2;
-                    j += 1;
-                    if meta[j - 1].2 < len {
-                        break;
-                    }
-                }
-            }
-            let Some(sock) = self.sockets.get(port) else {
-                i = j;
-                continue;
-            };
-            if j - i >= 2 {
-                let segs: Vec<&[u8]> = (i..j).map(|k| &bufs[k][..meta[k].2]).collect();
-                let to = socket2::SockAddr::from(dst);
-                match sys::send_gso(sock.as_raw_fd(), &to, &segs, len as u16) {
-                    Ok(_) => {
-                        sent_ok |= 1 << port.min(63);
-                        i = j;
-                        continue;
-                    }
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
-                        tracing::debug!("UDP GSO unavailable ({e}); sending packets one by one");
-                        self.gso.store(false, Ordering::Relaxed);
-                    }
-                    Err(_) => {}
-                }
-            }
-            for k in i..j {
-                match sock.send_to(&bufs[k][..meta[k].2], meta[k].1) {
-                    Ok(_) => sent_ok |= 1 << port.min(63),
-                    Err(e) => {
-                        self.tx_errors.fetch_add(1, Ordering::Relaxed);
-                        if is_link_error(&e) {
-                            // A routing error is a port failure only when the port's own
-                            // link is down; otherwise this destination is unreachable.
-                            let down = self
-                                .ifnames
-                                .get(port)
-                                .and_then(Option::as_deref)
-                                .is_some_and(sys::interface_link_down);
-                            if down {
-                                link_err |= 1 << port.min(63);
-                            } else {
-                                self.tx_unreachable.fetch_add(1, Ordering::Relaxed);
-                            }
-                        } else if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                            tracing::warn!(
-                                port = port + 1,
-                                len = meta[k].2,
-                                "packet larger than the link MTU (path MTU above the port's \
-                                 active MTU?); dropped"
-                            );
-                        }
-                    }
-                }
-            }
-            i = j;
-        }
-        meta.clear();
-        // Still under the TX lock, so forwarded completions keep the NIC's order.
-        if hosting && (!forwarded.is_empty() || !events.is_empty()) {
-            self.xrc.forward(&mut forwarded, &mut events);
-        }
-        drop(tx);
-        self.track_ports(sent_ok & !link_err, link_err, now);
-        if !notify.is_empty() {
-            let chans = self.channels.lock();
-            for cq in notify {
-                if let Some(ch) = chans.get(&cq).and_then(Weak::upgrade) {
-                    ch.ready.lock().push_back(cq);
-                    ch.fd.signal();
-                }
-            }
-        }
-        if !events.is_empty() {
-            for e in &events {
-                tracing::debug!(?e, "async event");
-            }
-            self.events.lock().extend(events);
-            self.event_fd.signal();
-        }
-    }
-
-    /// Turns send results into port state changes: a port whose sends fail with a link or
-    /// routing error goes down (`PortError`, and QPs with an armed alternate migrate at
-    /// once); a down port whose sends work again comes back (`PortActive`).
-    fn track_ports(&self, ok: u64, failed: u64, now: u64) {
-        let mut changed = Vec::new();
-        for port in 0..self.addrs.len().min(64) {
-            let bit = 1u64 << port;
-            let was_down = self.port_down.load(Ordering::Relaxed) & bit != 0;
-            if failed & bit != 0 && !was_down {
-                self.port_down.fetch_or(bit, Ordering::Relaxed);
-                changed.push((port, false));
-            } else if ok & bit != 0 && was_down {
-                self.port_down.fetch_and(!bit, Ordering::Relaxed);
-                changed.push((port, true));
-            }
-        }
-        if changed.is_empty() {
-            return;
-        }
-        let mut nic = self.nic.lock();
-        for (port, up) in changed {
-            tracing::info!(port = port + 1, up, "soft port state changed");
-            if up {
-                nic.handle_port_up(port);
-            } else {
-                nic.handle_port_down(now, port);
-            }
-        }
-        self.flush(nic, now);
-    }
-
-    /// Reads up to a batch of datagrams from every socket (non-blocking) and runs them and
-    /// any due timers through the engine. Returns the number of datagrams handled. Only one
-    /// thread drains at a time; others return 0 at once.
-    fn drain(&self) -> usize {
-        self.drain_at(self.now())
-    }
-
-    /// [`drain`](Self::drain) with the time already read by the caller (one clock read per
-    /// poll: on this VM a read costs about a tenth of an empty poll).
-    fn drain_at(&self, now: u64) -> usize {
-        let Some(mut rx) = self.rx.try_lock() else {
-            return 0;
-        };
-        let RxState {
-            bufs,
-            scratch,
-            batch,
-            got,
-            sources,
-            burst,
-        } = &mut *rx;
-        got.clear();
-        sources.clear();
-        for (port, sock) in self.sockets.iter().enumerate() {
-            sources.push((port, self.addrs[port].ip(), sock.as_raw_fd()));
-        }
-        if self.group_count.load(Ordering::Relaxed) > 0 {
-            for g in self.groups.lock().iter() {
-                sources.push((g.port, g.ip, g.sock.as_raw_fd()));
-            }
-        }
-        let mut slot = 0;
-        let mut emptied = true;
-        for &(port, dst, fd) in sources.iter() {
-            if slot == bufs.len() {
-                emptied = false;
-                break;
-            }
-            batch.clear();
-            let room = bufs.len() - slot;
-            let n = if *burst {
-                let n = sys::recv_batch(fd, &mut bufs[slot..], scratch, batch).unwrap_or(0);
-                *burst = n > 1;
-                n
-            } else {
-                match sys::recv_one(fd, &mut bufs[slot]) {
-                    Ok(Some(r)) => {
-                        batch.push(r);
-                        *burst = true;
-                        1
-                    }
-                    _ => 0,
-                }
-            };
-            if n == room {
-                emptied = false;
-            }
-            for (k, &(len, src, seg)) in batch.iter().enumerate() {
-                if len == 0 {
-                    // An empty datagram: still handed to the engine, which counts it.
-                    got.push((port, src, dst, slot + k, 0, 0));
-                }
-                let mut off = 0;
-                while off < len {
-                    let n = seg.min(len - off);
-                    got.push((port, src, dst, slot + k, off, n));
-                    off += n;
-                }
-            }
-            slot += n;
-        }
-        let mut nic = self.nic.lock();
-        if got.is_empty() {
-            // An idle poll: nothing more to coalesce with, so acknowledge now (doing it here,
-            // not right after the packets were handled, keeps the ACK off the latency path:
-            // the application sees its completion, and may answer, first). Then timers.
-            let acks = emptied && nic.has_held_acks();
-            if acks {
-                nic.flush_acks(now, ACK_IDLE_NS);
-            }
-            let due = nic.poll_timeout().is_some_and(|t| t <= now);
-            if due {
-                nic.handle_timeout(now);
-            }
-            drop(rx);
-            if acks || due {
-                self.flush(nic, now);
-            }
-            return 0;
-        }
-        let pcap = pcap();
-        let ts = pcap.is_some().then(clock::wall);
-        let mut handled = 0;
-        for &(port, src, dst, b, off, len) in got.iter() {
-            let data = &bufs[b][off..off + len];
-            if let (Some(p), Some(ts)) = (pcap, ts) {
-                let to = SocketAddr::new(dst, crate::soft::wire::ROCE_UDP_PORT);
-                let _ = p.lock().write_frame(ts, src, to, data);
-            }
-            match &self.faults {
-                Some(f) => f.lock().handle_frame(now, (port, src, dst), data),
-                None => {
-                    nic.handle_datagram(now, port, src, dst, data);
-                    handled += 1;
-                }
-            }
-        }
-        if let Some(f) = &self.faults {
-            let mut f = f.lock();
-            while let Some(((port, src, dst), frame)) = f.poll_frame(now) {
-                nic.handle_datagram(now, port, src, dst, &frame);
-                handled += 1;
-            }
-        }
-        if nic.poll_timeout().is_some_and(|t| t <= now) {
-            nic.handle_timeout(now);
-        }
-        let read = got.len();
-        drop(rx);
-        self.flush(nic, now);
-        handled.max(read)
-    }
-
-    /// Called by a thread polling a CQ: claims reception for a while and makes progress.
-    pub(crate) fn progress(&self) -> usize {
-        self.flush_held();
-        let now = self.now();
-        self.last_poll.store(now.max(1), Ordering::Relaxed);
-        self.drain_at(now) + self.xrc.poll_members()
-    }
-
-    /// Called before a poller goes to sleep: hands reception back to the engine thread now.
-    pub(crate) fn release(&self) {
-        self.flush_held();
-        self.last_poll.store(0, Ordering::Relaxed);
-        self.wake.signal();
-        self.xrc.wake_members();
-    }
-
-    /// While an application thread is polling (it claimed reception less than
-    /// [`HANDOFF_NS`] ago), how much longer its claim lasts.
-    pub(crate) fn poller_remaining(&self) -> Option<Duration> {
-        let last = self.last_poll.load(Ordering::Relaxed);
-        let left = (last + HANDOFF_NS).checked_sub(self.now())?;
-        (last != 0 && left > 0).then(|| Duration::from_nanos(left))
-    }
-
-    /// Next engine deadline (timers and delayed fault-injected frames).
-    fn next_deadline(&self) -> Option<u64> {
-        let t = self.nic.lock().poll_timeout();
-        let f = self.faults.as_ref().and_then(|f| f.lock().poll_timeout());
-        match (t, f) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
     }
 }
 
@@ -850,114 +426,4 @@ pub(crate) fn shutdown(shared: &Shared) {
         let _ = h.join();
     }
     flush_pcap();
-}
-
-/// How often the engine thread reads the operational state of a multi-port device's links.
-const LINK_CHECK_NS: u64 = 10_000_000;
-
-impl Shared {
-    /// True when the device has more than one port (then links are checked periodically:
-    /// a port whose link goes down fails over even when nothing is being sent on it).
-    fn checks_links(&self) -> bool {
-        self.ifnames.len() > 1 && self.ifnames.iter().any(Option::is_some)
-    }
-
-    /// Reads each port's link state and reports changes like send results do: a link that
-    /// went down takes its port down (`PortError`, armed queue pairs migrate), a link that
-    /// came back up brings it back (`PortActive`).
-    ///
-    /// A link never seen up since the device opened is not declared down here (a fresh
-    /// veth or NIC reports its link a little after it is configured, and a port that never
-    /// worked has nothing to fail over from); failed sends still take such a port down.
-    fn check_links(&self, now: u64) {
-        let (mut up, mut down) = (0u64, 0u64);
-        let seen = self.links_seen_up.load(Ordering::Relaxed);
-        for (port, name) in self.ifnames.iter().enumerate().take(64) {
-            let Some(name) = name else { continue };
-            if !sys::interface_link_down(name) {
-                up |= 1 << port;
-            } else if seen & (1 << port) != 0 {
-                down |= 1 << port;
-            }
-            tracing::trace!(port, name, up = up & (1 << port) != 0, "link check");
-        }
-        self.links_seen_up.fetch_or(up, Ordering::Relaxed);
-        self.track_ports(up, down, now);
-    }
-}
-
-/// The engine thread: owns timers, and reception whenever no thread is polling.
-fn engine_thread(weak: Weak<Shared>) {
-    let mut fds = Vec::new();
-    let mut next_link_check = 0u64;
-    loop {
-        let Some(sh) = weak.upgrade() else {
-            return;
-        };
-        if sh.shutdown.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = sh.now();
-        let last = sh.last_poll.load(Ordering::Relaxed);
-        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
-        let mut deadline = sh.next_deadline();
-        if let Some(d) = sh.doorbell.deadline() {
-            deadline = Some(deadline.map_or(d, |x| x.min(d)));
-        }
-        if poller_active {
-            let handoff_end = last + HANDOFF_NS;
-            deadline = Some(deadline.map_or(handoff_end, |d| d.min(handoff_end)));
-        }
-        let links = sh.checks_links();
-        if links {
-            if now >= next_link_check {
-                sh.check_links(now);
-                next_link_check = now + LINK_CHECK_NS;
-            }
-            deadline = Some(deadline.map_or(next_link_check, |d| d.min(next_link_check)));
-        }
-        let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
-        fds.clear();
-        fds.push(sh.wake.raw());
-        if !poller_active {
-            fds.extend(sh.sockets.iter().map(AsRawFd::as_raw_fd));
-            fds.extend(sh.groups.lock().iter().map(|g| g.sock.as_raw_fd()));
-        }
-        // Do not keep the device alive while sleeping.
-        let wake_fd = sh.wake.raw();
-        drop(sh);
-        let ready = sys::poll_readable(&fds, timeout).unwrap_or_default();
-        let Some(sh) = weak.upgrade() else {
-            return;
-        };
-        if ready.first().copied().unwrap_or(false) {
-            let _ = wake_fd;
-            sh.wake.drain();
-        }
-        if sh.shutdown.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = sh.now();
-        let last = sh.last_poll.load(Ordering::Relaxed);
-        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
-        if !poller_active {
-            // Drain until the sockets are empty (bounded so timers still run).
-            for _ in 0..64 {
-                if sh.drain() == 0 {
-                    break;
-                }
-            }
-        }
-        if sh.doorbell.deadline().is_some_and(|t| t <= sh.now()) {
-            sh.flush_held();
-        }
-        let due = sh.next_deadline().is_some_and(|t| t <= sh.now());
-        if due {
-            sh.drain();
-            let mut nic = sh.nic.lock();
-            let now = sh.now();
-            nic.handle_timeout(now);
-            sh.flush(nic, now);
-        }
-    }
 }
