@@ -205,7 +205,9 @@ impl Rogue {
 }
 
 fn server() -> (Context, rdmx_rc::Listener) {
+    // The rogue peers speak RC, so the server does too whatever `RDMX_TRANSPORT` says.
     let ctx = Context::builder()
+        .transport(TransportKind::Rc)
         .credits(8)
         .max_message(1 << 20)
         .peer_timeout(Duration::from_millis(500))
@@ -237,7 +239,10 @@ fn drain_until_down(ep: &Endpoint) -> (usize, DisconnectCause) {
 /// A well-behaved pair through the server's listener: (client context, client endpoint,
 /// server endpoint), checked to work.
 fn good_pair(l: &rdmx_rc::Listener) -> (Context, Endpoint, Endpoint) {
-    let client = Context::builder().build().unwrap();
+    let client = Context::builder()
+        .transport(TransportKind::Rc)
+        .build()
+        .unwrap();
     let addr = l.local_addr();
     let t = std::thread::spawn(move || {
         let ep = client.connect(addr).unwrap();
@@ -342,6 +347,7 @@ fn sends_beyond_the_credits_take_the_endpoint_down() {
     // reading, grants stop, and a message beyond them lands in a buffer that backs the other
     // endpoint's credit, which is how the violation shows.
     let ctx = Context::builder()
+        .transport(TransportKind::Rc)
         .credits(8)
         .srq_depth(16)
         .pool_max(8 << 20)

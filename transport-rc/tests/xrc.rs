@@ -51,7 +51,10 @@ fn xrc_endpoints_carry_every_protocol() {
     assert_eq!(&ea.read(&remote, 8, 3).unwrap()[..], b"xrc");
     assert_eq!(ea.fetch_add(&remote, 64, 2).unwrap(), 0);
     // An RC context is refused with a clear error.
-    let rc = Context::builder().build().unwrap();
+    let rc = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Rc)
+        .build()
+        .unwrap();
     let listener = b.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let t = std::thread::spawn(move || listener.accept());
