@@ -191,7 +191,9 @@ impl Endpoint {
     }
 
     /// Sends a copy of `data`, waiting for a credit (and a pool buffer) if needed. The
-    /// protocol follows the size: inline, eager, or rendezvous.
+    /// protocol follows the size: inline, eager, or rendezvous. A rendezvous message also
+    /// waits while [`Config::rndv_window`](rdmx_core::Config::rndv_window) earlier ones
+    /// await the peer's read.
     ///
     /// # Errors
     /// `Disconnected` when the endpoint is down, `MessageTooLarge` above the maximum.
@@ -210,7 +212,8 @@ impl Endpoint {
     /// Sends `data` only if a credit is available now.
     ///
     /// # Errors
-    /// `WouldBlock` when out of credits (or pool buffers), else as `send`.
+    /// `WouldBlock` when out of credits (or pool buffers, or room in the rendezvous
+    /// window), else as `send`.
     pub fn try_send(&self, data: &[u8]) -> Result<()> {
         self.send_payload(Payload::Bytes(data), None, false)
     }
@@ -292,7 +295,8 @@ impl Endpoint {
     /// `SharedBytes` to retry is cheap).
     ///
     /// # Errors
-    /// `WouldBlock` when out of credits, else as `send_shared`.
+    /// `WouldBlock` when out of credits (or room in the rendezvous window), else as
+    /// `send_shared`.
     pub fn try_send_shared(&self, data: &SharedBytes) -> Result<()> {
         self.send_payload(Payload::Shared(data.clone()), None, false)
     }

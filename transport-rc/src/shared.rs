@@ -48,8 +48,8 @@ pub struct Stats {
     pub delivered: u64,
     /// Credit updates written into peers' mailboxes.
     pub mailbox_writes: u64,
-    /// Sends that found no credit (or no send slot or pool buffer) at first and had to wait
-    /// or give up with `WouldBlock`.
+    /// Sends that found no credit (or no send slot, pool buffer or room in the rendezvous
+    /// window) at first and had to wait or give up with `WouldBlock`.
     pub credit_waits: u64,
     /// Receive buffers posted on the shared receive queue.
     pub recv_posted: u64,
