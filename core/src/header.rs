@@ -418,6 +418,27 @@ mod tests {
         }
 
         #[test]
+        fn header_round_trips(
+            kind in prop_oneof![Just(Kind::Data), Just(Kind::Rts), Just(Kind::Close)],
+            tag in any::<u16>(),
+            grant in any::<u32>(),
+            rndv_done in any::<u32>(),
+            flags in any::<u8>(),
+            data_len in 0u32..64,
+        ) {
+            let len = if kind == Kind::Close { 0 } else { data_len };
+            let h = Header { kind, tag, grant, rndv_done, len, flags };
+            let extra = match kind {
+                Kind::Data => len as usize,
+                Kind::Rts => RTS_LEN - HEADER_LEN,
+                Kind::Close => 0,
+            };
+            let mut msg = vec![0u8; HEADER_LEN + extra];
+            prop_assert!(h.write(&mut msg));
+            prop_assert_eq!(Header::parse(&msg), Ok(h));
+        }
+
+        #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(h) = Header::parse(&bytes) {
                 prop_assert!(bytes.len() >= HEADER_LEN);
