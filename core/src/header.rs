@@ -16,6 +16,11 @@
 //! then 4 reserved bytes. `flags` is 0 but for [`Header::WAKE_ON_READ`] on a rendezvous
 //! request; bits a receiver does not know are ignored.
 //!
+//! A packed frame (`Packed`, sent inside a send batch) carries several small messages of
+//! one endpoint in one SEND: `length` payload bytes made of entries, each a 2-byte
+//! big-endian length and that many bytes, at least one entry, nothing after the last
+//! ([`PackedEntries`]). The receiver delivers them as separate messages, in order.
+//!
 //! Parsing never panics: every length and value is checked, and anything unexpected is a
 //! [`HeaderError`].
 
@@ -39,6 +44,66 @@ pub enum Kind {
     Rts = 2,
     /// The sender closes the endpoint; nothing follows it.
     Close = 3,
+    /// Several small messages in one frame (see the module docs).
+    Packed = 4,
+}
+
+/// Length of the length prefix of each entry of a packed frame.
+pub const PACKED_ENTRY_LEN: usize = 2;
+
+/// The entries of a packed frame's payload: the messages' byte ranges within the payload,
+/// in order. Built by [`PackedEntries::parse`], which checks the whole payload first.
+#[derive(Debug, Clone)]
+pub struct PackedEntries<'a> {
+    payload: &'a [u8],
+    at: usize,
+}
+
+impl<'a> PackedEntries<'a> {
+    /// Checks that `payload` is a sequence of at least one entry with nothing left over;
+    /// returns the entries and their count, or `None` for a malformed payload.
+    pub fn parse(payload: &'a [u8]) -> Option<(Self, usize)> {
+        let mut at = 0;
+        let mut count = 0;
+        while at < payload.len() {
+            let len = payload.get(at..at + PACKED_ENTRY_LEN)?;
+            let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+            at = at.checked_add(PACKED_ENTRY_LEN + len)?;
+            if at > payload.len() {
+                return None;
+            }
+            count += 1;
+        }
+        (count > 0).then_some((Self { payload, at: 0 }, count))
+    }
+
+    /// Appends an entry of `data` to a packed payload under construction in `out` at
+    /// `at`; returns the new end, or `None` when it does not fit (or `data` is longer
+    /// than an entry can be).
+    pub fn append(out: &mut [u8], at: usize, data: &[u8]) -> Option<usize> {
+        let len = u16::try_from(data.len()).ok()?;
+        let end = at.checked_add(PACKED_ENTRY_LEN + data.len())?;
+        let dst = out.get_mut(at..end)?;
+        dst[..PACKED_ENTRY_LEN].copy_from_slice(&len.to_be_bytes());
+        dst[PACKED_ENTRY_LEN..].copy_from_slice(data);
+        Some(end)
+    }
+}
+
+impl Iterator for PackedEntries<'_> {
+    type Item = std::ops::Range<usize>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let l = self.payload.get(self.at..self.at + PACKED_ENTRY_LEN)?;
+        let len = usize::from(u16::from_be_bytes([l[0], l[1]]));
+        let start = self.at + PACKED_ENTRY_LEN;
+        let end = start + len;
+        if end > self.payload.len() {
+            return None;
+        }
+        self.at = end;
+        Some(start..end)
+    }
 }
 
 /// Why a header was rejected.
@@ -128,6 +193,7 @@ impl Header {
             1 => Kind::Data,
             2 => Kind::Rts,
             3 => Kind::Close,
+            4 => Kind::Packed,
             k => return Err(HeaderError::Kind(k)),
         };
         let hdr = Self {
@@ -140,7 +206,7 @@ impl Header {
         };
         let actual = msg.len() - HEADER_LEN;
         let ok = match kind {
-            Kind::Data => actual as u64 == u64::from(hdr.len),
+            Kind::Data | Kind::Packed => actual as u64 == u64::from(hdr.len),
             Kind::Rts => actual == RTS_LEN - HEADER_LEN,
             Kind::Close => actual == 0,
         };
@@ -375,6 +441,33 @@ mod tests {
     }
 
     #[test]
+    fn malformed_packed_payloads_are_refused() {
+        assert!(PackedEntries::parse(&[]).is_none(), "no entry");
+        assert!(PackedEntries::parse(&[0]).is_none(), "half a length");
+        assert!(
+            PackedEntries::parse(&[0, 3, 1, 2]).is_none(),
+            "an entry cut short"
+        );
+        assert!(
+            PackedEntries::parse(&[0, 1, 7, 0]).is_none(),
+            "bytes after the last entry"
+        );
+        let (mut e, n) = PackedEntries::parse(&[0, 0, 0, 1, 9]).unwrap();
+        assert_eq!(n, 2, "an empty message is an entry");
+        assert_eq!(
+            (e.next(), e.next(), e.next()),
+            (Some(2..2), Some(4..5), None)
+        );
+        let mut small = [0u8; 4];
+        assert_eq!(PackedEntries::append(&mut small, 0, &[1, 2]), Some(4));
+        assert_eq!(
+            PackedEntries::append(&mut small, 2, &[1]),
+            None,
+            "does not fit"
+        );
+    }
+
+    #[test]
     fn mailbox_word() {
         let m = Mailbox {
             grant: 0x1234_5678,
@@ -419,7 +512,12 @@ mod tests {
 
         #[test]
         fn header_round_trips(
-            kind in prop_oneof![Just(Kind::Data), Just(Kind::Rts), Just(Kind::Close)],
+            kind in prop_oneof![
+                Just(Kind::Data),
+                Just(Kind::Rts),
+                Just(Kind::Close),
+                Just(Kind::Packed)
+            ],
             tag in any::<u16>(),
             grant in any::<u32>(),
             rndv_done in any::<u32>(),
@@ -429,13 +527,37 @@ mod tests {
             let len = if kind == Kind::Close { 0 } else { data_len };
             let h = Header { kind, tag, grant, rndv_done, len, flags };
             let extra = match kind {
-                Kind::Data => len as usize,
+                Kind::Data | Kind::Packed => len as usize,
                 Kind::Rts => RTS_LEN - HEADER_LEN,
                 Kind::Close => 0,
             };
             let mut msg = vec![0u8; HEADER_LEN + extra];
             prop_assert!(h.write(&mut msg));
             prop_assert_eq!(Header::parse(&msg), Ok(h));
+        }
+
+        #[test]
+        fn packed_entries_round_trip(
+            msgs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..20),
+        ) {
+            let mut out = vec![0u8; 1024];
+            let mut at = 0;
+            for m in &msgs {
+                at = PackedEntries::append(&mut out, at, m).unwrap();
+            }
+            let (entries, count) = PackedEntries::parse(&out[..at]).unwrap();
+            prop_assert_eq!(count, msgs.len());
+            let got: Vec<Vec<u8>> = entries.map(|r| out[r].to_vec()).collect();
+            prop_assert_eq!(got, msgs);
+        }
+
+        #[test]
+        fn packed_parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Some((entries, count)) = PackedEntries::parse(&bytes) {
+                let ranges: Vec<_> = entries.collect();
+                prop_assert_eq!(ranges.len(), count);
+                prop_assert_eq!(ranges.last().map(|r| r.end), Some(bytes.len()));
+            }
         }
 
         #[test]

@@ -306,6 +306,7 @@ pub(crate) fn register(
         rndv_in_done: 0,
         rndv_in_adv: 0,
         rndv_in_seen: 0,
+        pack: None,
         rndv_wake_at: None,
         rndv_queued: 0,
         inbox: VecDeque::new(),

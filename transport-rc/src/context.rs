@@ -442,17 +442,53 @@ impl Context {
     /// the device, which sends what is held). Do not keep a batch open while blocked on
     /// something else: held messages wait with it.
     pub fn batch(&self) -> Batch<'_> {
+        let sh: &Shared = self.shared();
+        OPEN_BATCHES.with(|b| b.borrow_mut().push(std::ptr::from_ref(sh) as usize));
         Batch {
-            _posts: self.shared().vctx.batch_posts(),
+            sh,
+            _posts: sh.vctx.batch_posts(),
+            _not_send: std::marker::PhantomData,
         }
     }
+}
+
+thread_local! {
+    /// The contexts (by address) with a send batch open on this thread, innermost last.
+    static OPEN_BATCHES: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// True when the calling thread has a send batch open on the context of `sh`.
+pub(crate) fn batch_open(sh: &Shared) -> bool {
+    let me = std::ptr::from_ref(sh) as usize;
+    OPEN_BATCHES.with(|b| b.borrow().contains(&me))
 }
 
 /// An open send batch ([`Context::batch`]); dropping it sends what it held.
 #[derive(Debug)]
 #[must_use = "the batch ends when the guard is dropped"]
 pub struct Batch<'a> {
+    sh: &'a Shared,
+    // Dropped after `drop` below has posted the packed frames, so that they leave with
+    // the rest of the batch.
     _posts: rdmx_verbs::PostBatch<'a>,
+    // The open batch is recorded per thread.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        let me = std::ptr::from_ref(self.sh) as usize;
+        OPEN_BATCHES.with(|b| {
+            let mut b = b.borrow_mut();
+            if let Some(i) = b.iter().rposition(|&x| x == me) {
+                b.remove(i);
+            }
+        });
+        let mut st = self.sh.state.lock();
+        if !st.packs.is_empty() {
+            self.sh.flush_packs(&mut st);
+        }
+    }
 }
 
 /// Accepts endpoints on a TCP address.

@@ -57,6 +57,10 @@ pub(crate) enum Inbound {
         posted: bool,
         done: bool,
     },
+    /// A packed frame (a receive buffer holding several small messages): the next entry
+    /// starts at `off`, the payload ends at `end`. The buffer goes back to the shared
+    /// receive queue once its last message is taken.
+    Packed { buf: Buf, off: usize, end: usize },
     /// The peer closed: every message it sent is before this marker.
     Closed,
 }
@@ -157,6 +161,10 @@ pub(crate) struct Ep {
     // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
     pub(crate) rndv_in_done: u32,
     pub(crate) rndv_in_adv: u32,
+    /// Small messages sent inside a send batch and not yet posted: a pooled buffer with
+    /// the frame's header space, then entries up to its length (see `send.rs`). It holds
+    /// one of the peer's credits, taken when it was opened.
+    pub(crate) pack: Option<Buf>,
     /// Rendezvous requests received (cumulative).
     pub(crate) rndv_in_seen: u32,
     /// The peer's rendezvous window is full (a request carried `Header::WAKE_ON_READ`):
@@ -208,17 +216,20 @@ impl Ep {
         self.inflight.len() as u32
     }
 
-    /// True when the peer has finished reading every rendezvous buffer we offered (so a
-    /// Close may follow).
+    /// True when the peer has finished reading every rendezvous buffer we offered and no
+    /// packed frame waits to be posted (so a Close may follow).
     pub(crate) fn drained(&self) -> bool {
-        self.rndv_out.is_empty()
+        self.rndv_out.is_empty() && self.pack.is_none()
     }
 
     /// Messages (eager or rendezvous) are still queued.
     pub(crate) fn has_pending_messages(&self) -> bool {
-        self.inbox
-            .iter()
-            .any(|i| matches!(i, Inbound::Msg { .. } | Inbound::Rndv { .. }))
+        self.inbox.iter().any(|i| {
+            matches!(
+                i,
+                Inbound::Msg { .. } | Inbound::Rndv { .. } | Inbound::Packed { .. }
+            )
+        })
     }
 
     /// The front of the inbox is a message that can be delivered now (not the
@@ -226,7 +237,9 @@ impl Ep {
     pub(crate) fn has_message(&self) -> bool {
         matches!(
             self.inbox.front(),
-            Some(Inbound::Msg { .. }) | Some(Inbound::Rndv { done: true, .. })
+            Some(Inbound::Msg { .. })
+                | Some(Inbound::Rndv { done: true, .. })
+                | Some(Inbound::Packed { .. })
         )
     }
 

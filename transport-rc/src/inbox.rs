@@ -28,6 +28,7 @@ use crate::context::{Context, wait_until};
 use crate::endpoint::Message;
 use crate::ep::Inbound;
 use crate::shared::{Shared, State};
+use rdmx_core::header::PACKED_ENTRY_LEN;
 
 impl State {
     /// Queues endpoint `k` for [`Context::recv`] (unless it is queued already).
@@ -46,6 +47,27 @@ impl Shared {
     /// rendezvous message still being read, not the end-of-stream marker).
     pub(crate) fn pop_message(self: &Arc<Self>, st: &mut State, k: usize) -> Option<Message> {
         let ep = st.eps.get_mut(k)?;
+        if let Some(Inbound::Packed { buf, off, end }) = ep.inbox.front_mut() {
+            // The next message of a packed frame, copied into a buffer of its own; the
+            // frame's receive buffer goes back to the queue after its last message.
+            let (b, next) = {
+                let l = buf.get(*off..*off + PACKED_ENTRY_LEN)?;
+                let len = usize::from(u16::from_be_bytes([l[0], l[1]]));
+                let start = *off + PACKED_ENTRY_LEN;
+                let bytes = buf.get(start..start + len)?;
+                // A pool at its cap: the message waits in the frame, as it would in its own
+                // receive buffer, until the application frees something.
+                let b = self.pool.try_alloc_from(bytes).ok()?;
+                (b, start + len)
+            };
+            *off = next;
+            if next >= *end
+                && let Some(Inbound::Packed { buf, .. }) = ep.inbox.pop_front()
+            {
+                self.recycle(st, buf);
+            }
+            return Some(self.delivered(st, k, b, 0, false, false));
+        }
         let (buf, off, eager, rndv) = match ep.inbox.pop_front()? {
             Inbound::Msg { buf, off, eager } => (buf, off, eager, false),
             Inbound::Rndv {
@@ -58,6 +80,20 @@ impl Shared {
                 return None;
             }
         };
+        Some(self.delivered(st, k, buf, off, eager, rndv))
+    }
+
+    /// Counts a message taken from endpoint `k`'s inbox and wraps it for the application.
+    fn delivered(
+        self: &Arc<Self>,
+        st: &mut State,
+        k: usize,
+        buf: rdmx_core::Buf,
+        off: usize,
+        eager: bool,
+        rndv: bool,
+    ) -> Message {
+        let ep = &mut st.eps[k];
         ep.delivered += 1;
         let id = ep.id;
         if ep.close_event_due && !ep.has_pending_messages() {
@@ -73,7 +109,7 @@ impl Shared {
             ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
             self.mark_needy(st, k);
         }
-        Some(Message::new(buf, off, eager, id, self.clone()))
+        Message::new(buf, off, eager, id, self.clone())
     }
 
     /// The next message of any endpoint whose handle is alive, taking endpoints in turn.

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
+use rdmx_core::header::{
+    HEADER_LEN, Header, Kind, PACKED_ENTRY_LEN, PackedEntries, RTS_LEN, RtsInfo,
+};
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
 
@@ -15,6 +17,8 @@ use crate::shared::{Shared, State};
 const SMALL_INLINE: usize = 240;
 /// An unsignaled send is followed by a signaled one at least this often.
 const SIGNAL_EVERY: u32 = 16;
+/// The most payload a packed frame carries: one 4 KiB packet with its header.
+const PACK_MAX: usize = 4096 - HEADER_LEN;
 /// How long a sender waits for a credit before it tells the peer it is starving (a grant is
 /// normally back within a round trip; the flag costs two mailbox writes per episode).
 const STARVING_AFTER: Duration = Duration::from_millis(1);
@@ -73,6 +77,20 @@ impl Shared {
         if len > max {
             return Err(Error::MessageTooLarge { len, max });
         }
+        // Inside a send batch, small messages share packed frames.
+        if len <= self.inline_max
+            && crate::context::batch_open(self)
+            && self.pack(st, k, payload.bytes())?
+        {
+            return Ok(None);
+        }
+        // Any other send goes after the endpoint's packed frame, to keep the order.
+        if !self.flush_pack(st, k)? {
+            return Ok(Some(payload));
+        }
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        };
         if ep.send.available() == 0 {
             self.read_mailbox(st, k);
         }
@@ -224,6 +242,118 @@ impl Shared {
         Ok(None)
     }
 
+    /// Adds a small message to endpoint `k`'s packed frame, opening one (with a credit of
+    /// its own) if needed. False when that is not possible now (no credit, send slot or
+    /// pool buffer): the message then takes the ordinary path, after any open frame.
+    fn pack(&self, st: &mut State, k: usize, data: &[u8]) -> Result<bool> {
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Ok(false);
+        };
+        // The frame must fit the peer's receive buffer as an eager message does.
+        let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
+        let cap = PACK_MAX.min(eager_limit.saturating_sub(1));
+        if let Some(b) = ep.pack.as_mut() {
+            let at = b.len();
+            let end = at + PACKED_ENTRY_LEN + data.len();
+            if end <= HEADER_LEN + cap && b.set_len(end).is_ok() {
+                let _ = PackedEntries::append(b, at, data);
+                st.stats.sent_packed += 1;
+                return Ok(true);
+            }
+            // Full: it goes now, and a new one starts.
+            if !self.flush_pack(st, k)? {
+                return Ok(false);
+            }
+        }
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Ok(false);
+        };
+        if PACKED_ENTRY_LEN + data.len() > cap || ep.sq_used() + 2 >= ep.sq_depth {
+            return Ok(false);
+        }
+        if ep.send.available() == 0 {
+            self.read_mailbox(st, k);
+        }
+        let ep = &mut st.eps[k];
+        if ep.send.available() == 0 {
+            return Ok(false);
+        }
+        let Ok(mut b) = self.pool.try_alloc(HEADER_LEN + cap) else {
+            return Ok(false);
+        };
+        let end = HEADER_LEN + PACKED_ENTRY_LEN + data.len();
+        if b.set_len(end).is_err() || PackedEntries::append(&mut b, HEADER_LEN, data).is_none() {
+            return Ok(false);
+        }
+        ep.send.take();
+        ep.pack = Some(b);
+        st.packs.push(k);
+        st.stats.sent_packed += 1;
+        Ok(true)
+    }
+
+    /// Posts endpoint `k`'s packed frame, if it has one. False when the send queue has no
+    /// room now (the frame stays, and goes with the next progress).
+    pub(crate) fn flush_pack(&self, st: &mut State, k: usize) -> Result<bool> {
+        let Some(ep) = st.eps.get_mut(k) else {
+            return Ok(true);
+        };
+        let Some(mut b) = ep.pack.take() else {
+            return Ok(true);
+        };
+        if ep.down_cause().is_some() {
+            // Lost with the endpoint, like the messages already posted on it.
+            st.packs.retain(|&x| x != k);
+            return Ok(true);
+        }
+        if ep.sq_used() + 1 >= ep.sq_depth {
+            ep.pack = Some(b);
+            return Ok(false);
+        }
+        let hdr = Header {
+            kind: Kind::Packed,
+            tag: ep.peer_tag,
+            grant: ep.recv.advertise(),
+            rndv_done: ep.rndv_in_done,
+            len: (b.len() - HEADER_LEN) as u32,
+            flags: 0,
+        };
+        ep.rndv_in_adv = ep.rndv_in_done;
+        hdr.write(&mut b);
+        st.packs.retain(|&x| x != k);
+        let ep = &mut st.eps[k];
+        post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+        st.stats.packed_frames += 1;
+        tracing::trace!(
+            endpoint = ep.id,
+            bytes = hdr.len,
+            "send: packed frame (small messages of a send batch in one SEND)"
+        );
+        Ok(true)
+    }
+
+    /// Posts every open packed frame of endpoints that can still send (the others' frames
+    /// are dropped: their endpoint is down).
+    pub(crate) fn flush_packs(&self, st: &mut State) {
+        for k in std::mem::take(&mut st.packs) {
+            let open = st
+                .eps
+                .get(k)
+                .is_some_and(|e| matches!(e.status, Status::Open | Status::Closing));
+            if !open {
+                if let Some(ep) = st.eps.get_mut(k) {
+                    ep.pack = None;
+                }
+                continue;
+            }
+            match self.flush_pack(st, k) {
+                Ok(true) => {}
+                Ok(false) => st.packs.push(k),
+                Err(e) => tracing::debug!("posting a packed frame failed: {e}"),
+            }
+        }
+    }
+
     /// Posts a one-sided operation; returns its sequence number, or `None` when the send
     /// queue is full.
     pub(crate) fn post_op(
@@ -239,6 +369,11 @@ impl Shared {
         if let Some(c) = ep.down_cause() {
             return Err(Error::Disconnected(c));
         }
+        // Messages sent before the operation go before it.
+        if !self.flush_pack(st, k)? {
+            return Ok(Err(local));
+        }
+        let ep = &mut st.eps[k];
         if ep.sq_used() + 2 >= ep.sq_depth {
             return Ok(Err(local));
         }

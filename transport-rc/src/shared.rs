@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rdmx_core::credit::Budget;
-use rdmx_core::header::{HEADER_LEN, Header, Kind, Mailbox, RtsInfo, Signal};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, Mailbox, PackedEntries, RtsInfo, Signal};
 use rdmx_core::pool::BufferPool;
 use rdmx_core::regcache::RegCache;
 use rdmx_core::{Buf, Config, DisconnectCause, Event};
@@ -62,6 +62,10 @@ pub struct Stats {
     /// Recall requests and answers sent as signals (RDMA WRITE with immediate), which the
     /// peer acts on at once instead of at its next tick.
     pub recall_signals: u64,
+    /// Small messages sent packed into a shared frame (inside send batches).
+    pub sent_packed: u64,
+    /// Packed frames sent (each one SEND, one receive buffer and one credit at the peer).
+    pub packed_frames: u64,
     /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
     /// being full), which wake the sender at once.
     pub read_done_signals: u64,
@@ -99,6 +103,8 @@ pub(crate) struct State {
     pub(crate) rndv_watch: Vec<usize>,
     /// Endpoints with a rendezvous request waiting for a destination buffer.
     pub(crate) rndv_wait: Vec<usize>,
+    /// Endpoints with a packed frame open (see `send.rs`).
+    pub(crate) packs: Vec<usize>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
@@ -128,6 +134,7 @@ impl State {
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
             rndv_wait: Vec::new(),
+            packs: Vec::new(),
             events: VecDeque::new(),
             next_id: 1,
             stats: Stats::default(),
@@ -224,6 +231,11 @@ impl Shared {
 
     /// Follow-up work after state changed.
     pub(crate) fn after(&self, st: &mut State) {
+        // Whoever makes progress (a thread that waits or polls, the background thread)
+        // sends the packed frames still open: they wait for no more than that.
+        if !st.packs.is_empty() {
+            self.flush_packs(st);
+        }
         if self.batch_posts {
             // Posting may be a round trip to another process: grant what is already
             // posted first, so that senders do not wait on it.
@@ -394,6 +406,28 @@ impl Shared {
                     buf,
                     off: HEADER_LEN,
                     eager: true,
+                });
+                st.mark_ready(k);
+            }
+            Kind::Packed => {
+                let end = HEADER_LEN + hdr.len as usize;
+                let Some((_, count)) = buf.get(HEADER_LEN..end).and_then(PackedEntries::parse)
+                else {
+                    st.stats.protocol_errors += 1;
+                    self.fail(
+                        st,
+                        k,
+                        DisconnectCause::Protocol("malformed packed frame".into()),
+                    );
+                    self.repost(st, buf);
+                    return;
+                };
+                tracing::trace!(endpoint = st.eps[k].id, count, "received a packed frame");
+                st.held += 1;
+                st.eps[k].inbox.push_back(Inbound::Packed {
+                    buf,
+                    off: HEADER_LEN,
+                    end,
                 });
                 st.mark_ready(k);
             }

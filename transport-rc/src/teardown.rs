@@ -152,13 +152,15 @@ impl Shared {
         st.dirty.retain(|&x| x != k);
         st.rndv_watch.retain(|&x| x != k);
         st.rndv_wait.retain(|&x| x != k);
+        st.packs.retain(|&x| x != k);
         let _ = self.mailbox.write(ep.mailbox_off, &[0; MAILBOX_LEN]);
         // Eager buffers still queued go back to the receive queue.
         let mut ep = ep;
         for i in ep.inbox.drain(..) {
             if let Inbound::Msg {
                 buf, eager: true, ..
-            } = i
+            }
+            | Inbound::Packed { buf, .. } = i
             {
                 st.held = st.held.saturating_sub(1);
                 self.repost(st, buf);

@@ -286,10 +286,12 @@ fn batched_sends_arrive_in_order_on_every_endpoint() {
         let _sep = r.join().unwrap();
     }
     let st = client.stats();
+    eprintln!("{st:?}");
     assert!(
-        st.sent_inline > 0 && st.sent_eager > 0 && st.sent_rndv > 0,
+        st.sent_packed > 0 && st.sent_eager > 0 && st.sent_rndv > 0,
         "{st:?}"
     );
+    assert!(st.packed_frames < st.sent_packed, "{st:?}");
     assert_eq!(
         server.device_counters().rnr_naks_sent,
         0,
@@ -385,4 +387,62 @@ fn rendezvous_window_bounds_the_buffers_awaiting_a_read() {
     );
     assert_eq!(c.device_counters().rnr_naks_sent, 0);
     assert_eq!(s.device_counters().rnr_naks_sent, 0);
+}
+
+#[test]
+fn packed_messages_wait_for_no_more_than_the_batch() {
+    let (c, cep, _s, sep) = pair();
+    // Ping-pong inside one batch: the wait for the reply sends the packed request.
+    {
+        let _b = c.batch();
+        for i in 0..50u32 {
+            cep.send(&i.to_le_bytes()).unwrap();
+            let m = sep.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(m[..], i.to_le_bytes());
+            sep.send(&m).unwrap();
+            drop(m);
+            let back = cep.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(back[..], i.to_le_bytes());
+        }
+    }
+    // A one-sided operation goes after the messages sent before it, packed or not.
+    let region = _s.register(64).unwrap();
+    sep.send(&region.remote().to_bytes()).unwrap();
+    let remote =
+        rdmx_rc::RemoteRegion::from_bytes(&cep.recv_timeout(Duration::from_secs(5)).unwrap())
+            .unwrap();
+    {
+        let _b = c.batch();
+        cep.send(b"before the write").unwrap();
+        cep.write(&remote, 0, b"w").unwrap();
+        assert_eq!(
+            &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+            b"before the write"
+        );
+    }
+    // A batch that is never closed (leaked): its packed frame still goes, with the next
+    // progress of any thread (here the background thread's).
+    let leaked = c.batch();
+    std::mem::forget(leaked);
+    cep.send(b"leaked").unwrap();
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"leaked"
+    );
+    // Close inside a batch: the packed messages go before the Close.
+    let _b = c.batch();
+    for i in 0..10u32 {
+        cep.send(&i.to_le_bytes()).unwrap();
+    }
+    cep.close().unwrap();
+    for i in 0..10u32 {
+        let m = sep.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(m[..], i.to_le_bytes());
+    }
+    assert!(matches!(
+        sep.recv_timeout(Duration::from_secs(5)),
+        Err(Error::Disconnected(DisconnectCause::PeerClosed))
+    ));
+    let st = c.stats();
+    assert!(st.sent_packed >= 60 && st.packed_frames > 0, "{st:?}");
 }

@@ -342,6 +342,37 @@ fn short_and_lying_headers_take_the_endpoint_down() {
 }
 
 #[test]
+fn malformed_packed_frames_take_the_endpoint_down() {
+    let (ctx, l) = server();
+    let packed = |rogue: &Rogue, payload: &[u8]| {
+        let mut f = rogue
+            .header(Kind::Packed, payload.len() as u32)
+            .to_bytes()
+            .to_vec();
+        f.extend_from_slice(payload);
+        f
+    };
+    // A well-formed frame: three messages, one of them empty, in order.
+    let (rogue, ep) = accept_rogue(&l);
+    let ok = packed(&rogue, &[0, 2, b'h', b'i', 0, 0, 0, 3, b'y', b'o', b'u']);
+    assert_eq!(rogue.send(&ok), WcStatus::Success);
+    for want in [&b"hi"[..], b"", b"you"] {
+        let m = ep.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(&m[..], want);
+    }
+    // An entry longer than the frame, bytes after the last entry, and no entry at all.
+    for bad in [&[0u8, 9, 1, 2][..], &[0, 1, 7, 0], &[]] {
+        let (rogue, ep) = accept_rogue(&l);
+        assert_eq!(rogue.send(&packed(&rogue, bad)), WcStatus::Success);
+        let (got, cause) = drain_until_down(&ep);
+        assert_eq!(got, 0, "{bad:?}");
+        assert!(protocol_cause(&cause), "{bad:?}: {cause:?}");
+    }
+    assert!(ctx.stats().protocol_errors >= 3);
+    good_pair_still_works(&ctx, &l);
+}
+
+#[test]
 fn sends_beyond_the_credits_take_the_endpoint_down() {
     // A small receive queue shared with a well-behaved endpoint: once the application stops
     // reading, grants stop, and a message beyond them lands in a buffer that backs the other
