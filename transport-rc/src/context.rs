@@ -434,12 +434,14 @@ impl Context {
 
     /// Opens a send batch on this thread: until the returned guard is dropped, messages this
     /// thread sends (on any endpoint of this context) may be held by the device and leave
-    /// together. Delivery, order and errors are those of the same sends made one by one;
-    /// what changes is the cost: on the soft provider, a system call per batch of up to 16
-    /// small messages instead of one per message (see `docs/MESSAGING.md`, "Send batches").
+    /// together, and small ones (up to the inline threshold) of one endpoint share packed
+    /// frames: one SEND, one credit and one receive buffer for many messages. Delivery,
+    /// order and errors are those of the same sends made one by one; what changes is the
+    /// cost: on the soft provider, a system call per batch instead of one per message
+    /// (see `docs/MESSAGING.md`, "Send batches").
     ///
-    /// Waiting inside a batch is fine (a send that waits for a credit, or a receive, polls
-    /// the device, which sends what is held). Do not keep a batch open while blocked on
+    /// Waiting inside a batch is fine (a send that waits for a credit, or a receive, makes
+    /// progress, which sends what is held). Do not keep a batch open while blocked on
     /// something else: held messages wait with it.
     pub fn batch(&self) -> Batch<'_> {
         let sh: &Shared = self.shared();

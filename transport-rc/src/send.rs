@@ -106,11 +106,7 @@ impl Shared {
             }
             return Ok(Some(payload));
         }
-        ep.recall.starved_since = None;
-        if ep.recall.starving {
-            ep.recall.starving = false;
-            crate::recall::write_recall(st, k);
-        }
+        Self::not_starving(st, k);
         let ep = &mut st.eps[k];
         if ep.sq_used() + 2 >= ep.sq_depth {
             return Ok(Some(payload));
@@ -289,7 +285,19 @@ impl Shared {
         ep.pack = Some(b);
         st.packs.push(k);
         st.stats.sent_packed += 1;
+        Self::not_starving(st, k);
         Ok(true)
+    }
+
+    /// Endpoint `k` has a credit to send with: it no longer waits for one, and the peer
+    /// is told if it had been told otherwise (see `recall.rs`).
+    fn not_starving(st: &mut State, k: usize) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        ep.recall.starved_since = None;
+        if ep.recall.starving {
+            ep.recall.starving = false;
+            crate::recall::write_recall(st, k);
+        }
     }
 
     /// Posts endpoint `k`'s packed frame, if it has one. False when the send queue has no
