@@ -1,5 +1,5 @@
-//! Endpoints between processes: exactly-once delivery under packet loss, and a peer that is
-//! killed mid-stream.
+//! Endpoints between processes: exactly-once delivery under packet loss (half of it sent in
+//! send batches, with packed frames), and a peer that is killed mid-stream.
 #![allow(missing_docs)]
 
 mod common;
@@ -28,16 +28,25 @@ fn child_mixed_sender() {
     let ep = ctx.connect(addr.as_str()).expect("connect");
     let n: u32 = std::env::var("RDMX_TEST_COUNT").unwrap().parse().unwrap();
     let mut buf = vec![0u8; 64 << 10]; // the largest mixed_size is 49151
+    // The second half goes in send batches of 16, so that small messages travel packed.
+    let mut batch = None;
     for i in 0..n {
+        if i >= n / 2 && i % 16 == 0 {
+            drop(batch.take());
+            batch = Some(ctx.batch());
+        }
         let len = mixed_size(i);
         fill(i, &mut buf[..len]);
         ep.send(&buf[..len]).expect("send");
     }
+    drop(batch);
     ep.close().expect("close");
     let st = ctx.stats();
     println!(
-        "SENT inline={} eager={} rndv={} faults={:?}",
+        "SENT inline={} packed={} frames={} eager={} rndv={} faults={:?}",
         st.sent_inline,
+        st.sent_packed,
+        st.packed_frames,
         st.sent_eager,
         st.sent_rndv,
         ctx.verbs_context().fault_stats()
@@ -78,6 +87,10 @@ fn exactly_once_under_loss() {
     assert_eq!(next, MESSAGES, "messages lost");
     let sent = child.expect_line("SENT", Duration::from_secs(10));
     child.wait_ok(Duration::from_secs(10));
+    assert!(
+        !sent.contains("packed=0 "),
+        "no message travelled packed: {sent}"
+    );
     let faults = ctx
         .verbs_context()
         .fault_stats()
