@@ -153,7 +153,7 @@ impl Endpoint {
     fn send_payload(
         &self,
         mut p: Payload<'_>,
-        deadline: Option<Instant>,
+        timeout: Option<Duration>,
         block: bool,
     ) -> Result<()> {
         let sh = &*self.sh;
@@ -177,7 +177,7 @@ impl Endpoint {
             }
         }
         let mut slot = Some(p);
-        wait_until(sh, deadline, |st| {
+        wait_until(sh, timeout, |st| {
             let p = slot.take()?;
             match sh.try_send(st, self.key, p) {
                 Ok(None) => Some(Ok(())),
@@ -206,7 +206,7 @@ impl Endpoint {
     /// # Errors
     /// As `send`, plus `Timeout`.
     pub fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
-        self.send_payload(Payload::Bytes(data), Some(Instant::now() + timeout), true)
+        self.send_payload(Payload::Bytes(data), Some(timeout), true)
     }
 
     /// Sends `data` only if a credit is available now.
@@ -233,7 +233,7 @@ impl Endpoint {
     /// # Errors
     /// As `send`, plus `Timeout`.
     pub fn send_buf_timeout(&self, buf: Buf, timeout: Duration) -> Result<()> {
-        self.send_payload(Payload::Buf(buf), Some(Instant::now() + timeout), true)
+        self.send_payload(Payload::Buf(buf), Some(timeout), true)
     }
 
     /// Sends a pooled buffer only if a credit is available now. `Ok(None)`: sent;
@@ -284,11 +284,7 @@ impl Endpoint {
         data: impl Into<SharedBytes>,
         timeout: Duration,
     ) -> Result<()> {
-        self.send_payload(
-            Payload::Shared(data.into()),
-            Some(Instant::now() + timeout),
-            true,
-        )
+        self.send_payload(Payload::Shared(data.into()), Some(timeout), true)
     }
 
     /// [`send_shared`](Self::send_shared) only if a credit is available now (cloning a
@@ -335,9 +331,7 @@ impl Endpoint {
     /// # Errors
     /// As `recv`, plus `Timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        wait_until(&self.sh, Some(Instant::now() + timeout), |st| {
-            self.take_message(st)
-        })
+        wait_until(&self.sh, Some(timeout), |st| self.take_message(st))
     }
 
     /// The next message if one is there now.
@@ -374,11 +368,9 @@ impl Endpoint {
             st.reap_pending = true;
             self.sh.after(&mut st);
         }
-        let r = wait_until(&self.sh, Some(Instant::now() + timeout), |st| {
-            match st.eps.get(self.key) {
-                None => Some(Ok(())),
-                Some(ep) => ep.down_cause().map(|_| Ok(())),
-            }
+        let r = wait_until(&self.sh, Some(timeout), |st| match st.eps.get(self.key) {
+            None => Some(Ok(())),
+            Some(ep) => ep.down_cause().map(|_| Ok(())),
         });
         if r.is_err() {
             let mut st = self.sh.state.lock();

@@ -20,7 +20,7 @@
 //! holds more entries than messages arrived.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdmx_core::{DisconnectCause, Error, Event, Result};
 
@@ -167,9 +167,7 @@ impl Context {
     /// `Timeout` when no endpoint had a message in time.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
         let sh = self.shared();
-        wait_until(sh, Some(Instant::now() + timeout), |st| {
-            sh.take_any(st).map(Ok)
-        })
+        wait_until(sh, Some(timeout), |st| sh.take_any(st).map(Ok))
     }
 
     /// The next message of any endpoint if one is there now (after one round of
