@@ -68,7 +68,8 @@ impl Shared {
             }
             ep.rndv_out_done = ep.rndv_out_done.wrapping_add(1);
         }
-        if ep.rndv_out.is_empty() {
+        // (Runs for every message received: skip the scan when nobody is watched.)
+        if ep.rndv_out.is_empty() && !st.rndv_watch.is_empty() {
             st.rndv_watch.retain(|&x| x != k);
         }
     }
