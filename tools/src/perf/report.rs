@@ -101,7 +101,7 @@ pub(crate) struct PerfResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) layer: Option<&'static str>,
     /// Message layer: how the client's data messages were sent ("inline", "eager",
-    /// "rendezvous", or "mixed").
+    /// "rendezvous", "packed" (small messages of send batches), or "mixed").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) msg_protocol: Option<&'static str>,
     /// Message layer: receive credits per endpoint (the messages a sender may have in flight).

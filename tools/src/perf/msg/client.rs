@@ -235,6 +235,10 @@ fn result(
             after.sent_rndv.saturating_sub(before.sent_rndv),
             "rendezvous",
         ),
+        (
+            after.sent_packed.saturating_sub(before.sent_packed),
+            "packed",
+        ),
     ];
     let mut used = sent.iter().filter(|(n, _)| *n > 0).map(|&(_, name)| name);
     let msg_protocol = match (used.next(), used.next()) {
