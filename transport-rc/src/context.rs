@@ -140,8 +140,12 @@ struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         // The background thread notices within one tick and exits on its own (joining it
-        // here would make every drop wait for the tick).
+        // here would make every drop wait for the tick). The pack flusher is woken.
         self.shared.stop.store(true, Ordering::Release);
+        {
+            let _st = self.shared.state.lock();
+            self.shared.pack_cond.notify_all();
+        }
         drop(self.bg.lock().take());
     }
 }
@@ -258,6 +262,7 @@ impl Context {
             #[cfg(feature = "tokio")]
             notify: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
+            pack_cond: Condvar::new(),
             cfg,
         });
         {
@@ -272,6 +277,11 @@ impl Context {
             .name("rdmx-progress".into())
             .spawn(move || background(&bg_shared))
             .map_err(|e| Error::Config(format!("cannot start the progress thread: {e}")))?;
+        let flusher_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("rdmx-packs".into())
+            .spawn(move || pack_flusher(&flusher_shared))
+            .map_err(|e| Error::Config(format!("cannot start the pack flusher: {e}")))?;
         Ok(Self {
             handle: Arc::new(Handle {
                 shared,
@@ -627,6 +637,33 @@ pub(crate) fn wait_until<T>(
             }
         }
         std::hint::spin_loop();
+    }
+}
+
+/// The pack flusher: posts packed frames that stayed open `PACK_HOLD` (a thread holding a
+/// send batch while it blocks on something other than rdmx). It sleeps on its condition
+/// variable without a timeout while no frame is open, so an idle context or one that never
+/// batches pays nothing; while frames keep opening it wakes once per `PACK_HOLD`.
+fn pack_flusher(sh: &Shared) {
+    let mut st = sh.state.lock();
+    while !sh.stop.load(Ordering::Acquire) {
+        match st.pack_due {
+            None => sh.pack_cond.wait(&mut st),
+            Some(due) => {
+                if Instant::now() < due {
+                    sh.pack_cond.wait_until(&mut st, due);
+                    continue;
+                }
+                st.pack_due = None;
+                if !st.packs.is_empty() {
+                    sh.flush_packs(&mut st);
+                    if !st.packs.is_empty() {
+                        // No send slot now: look again soon.
+                        st.pack_due = Some(Instant::now() + crate::send::PACK_HOLD);
+                    }
+                }
+            }
+        };
     }
 }
 

@@ -38,11 +38,14 @@ impl fmt::Debug for Endpoint {
 
 /// A received message: a pooled buffer (the payload is what it dereferences to). Eager
 /// messages occupy a receive buffer, which goes back to the shared receive queue when the
-/// message is dropped — keep messages briefly, or copy them out.
+/// message is dropped — keep messages briefly, or copy them out. Rendezvous messages, and
+/// the small messages of a packed frame (copied out of it), own a pool buffer.
 pub struct Message {
     buf: Option<Buf>,
     off: usize,
+    /// The buffer is a receive buffer (reposted on drop).
     eager: bool,
+    rndv: bool,
     endpoint: u64,
     sh: Arc<Shared>,
 }
@@ -68,11 +71,19 @@ impl Deref for Message {
 }
 
 impl Message {
-    pub(crate) fn new(buf: Buf, off: usize, eager: bool, endpoint: u64, sh: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        buf: Buf,
+        off: usize,
+        eager: bool,
+        rndv: bool,
+        endpoint: u64,
+        sh: Arc<Shared>,
+    ) -> Self {
         Self {
             buf: Some(buf),
             off,
             eager,
+            rndv,
             endpoint,
             sh,
         }
@@ -85,11 +96,12 @@ impl Message {
 
     /// True for a message that arrived by rendezvous (it owns a pool buffer of its own).
     pub fn is_rendezvous(&self) -> bool {
-        !self.eager
+        self.rndv
     }
 
-    /// The payload as an owned buffer. For a rendezvous message this is the buffer itself
-    /// (no copy); an eager message is copied so its receive buffer can go back at once.
+    /// The payload as an owned buffer. For a rendezvous message, or one that came in a
+    /// packed frame, this is the buffer itself (no copy); an eager message is copied so its
+    /// receive buffer can go back at once.
     ///
     /// # Errors
     /// As [`Context::try_alloc`] when a copy is needed and the pool is full.

@@ -109,7 +109,7 @@ impl Shared {
             ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
             self.mark_needy(st, k);
         }
-        Message::new(buf, off, eager, id, self.clone())
+        Message::new(buf, off, eager, rndv, id, self.clone())
     }
 
     /// The next message of any endpoint whose handle is alive, taking endpoints in turn.

@@ -19,6 +19,9 @@ const SMALL_INLINE: usize = 240;
 const SIGNAL_EVERY: u32 = 16;
 /// The most payload a packed frame carries: one 4 KiB packet with its header.
 const PACK_MAX: usize = 4096 - HEADER_LEN;
+/// The longest a packed frame stays open: the pack flusher posts it then, if nothing else
+/// did (the bound the soft device keeps for the sends a batch holds).
+pub(crate) const PACK_HOLD: Duration = Duration::from_millis(1);
 /// How long a sender waits for a credit before it tells the peer it is starving (a grant is
 /// normally back within a round trip; the flag costs two mailbox writes per episode).
 const STARVING_AFTER: Duration = Duration::from_millis(1);
@@ -286,6 +289,11 @@ impl Shared {
         st.packs.push(k);
         st.stats.sent_packed += 1;
         Self::not_starving(st, k);
+        if st.pack_due.is_none() {
+            // However the batch is used, the frame goes within PACK_HOLD.
+            st.pack_due = Some(Instant::now() + PACK_HOLD);
+            self.pack_cond.notify_one();
+        }
         Ok(true)
     }
 

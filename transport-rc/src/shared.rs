@@ -105,6 +105,9 @@ pub(crate) struct State {
     pub(crate) rndv_wait: Vec<usize>,
     /// Endpoints with a packed frame open (see `send.rs`).
     pub(crate) packs: Vec<usize>,
+    /// When the pack flusher posts the open packed frames: set when a frame opens and none
+    /// is due yet.
+    pub(crate) pack_due: Option<Instant>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
@@ -135,6 +138,7 @@ impl State {
             rndv_watch: Vec::new(),
             rndv_wait: Vec::new(),
             packs: Vec::new(),
+            pack_due: None,
             events: VecDeque::new(),
             next_id: 1,
             stats: Stats::default(),
@@ -186,6 +190,8 @@ pub(crate) struct Shared {
     #[cfg(feature = "tokio")]
     pub(crate) notify: tokio::sync::Notify,
     pub(crate) stop: AtomicBool,
+    /// Wakes the pack flusher (see `pack_flusher` in `context.rs`).
+    pub(crate) pack_cond: Condvar,
 }
 
 impl Shared {
