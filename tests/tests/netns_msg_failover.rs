@@ -19,9 +19,12 @@ use rdmx_tests::netns::{Hosts, Link, Topology, list_netns, require_netns_or_skip
 use rdmx_tests::process::Proc;
 
 const ROLES: &str = env!("CARGO_BIN_EXE_rdmx-netns-roles");
-const COUNT: u64 = 1500;
+// 3,000 messages at 1 ms: the cut after the 300th leaves 2.7 s of stream, time for the
+// test to see that line on a loaded machine (with 1,500, one stress round of 13 saw it
+// only after the stream had ended, and the migration came after the close).
+const COUNT: u64 = 3000;
 const CUT_AFTER: usize = 300;
-const RESTORE_AFTER: usize = 700;
+const RESTORE_AFTER: usize = 1500;
 const WAIT: Duration = Duration::from_secs(30);
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -129,6 +132,12 @@ fn failover_with(transport: &str, shared_node: bool) {
     let cut = unix_ns();
     hosts.iface_down("cli", "A").expect("take link A down");
     hosts.iface_down("srv", "A").expect("take link A down");
+    let seen = lines_with(&server.stdout_now(), "RECV").len();
+    assert!(
+        (seen as u64) < COUNT,
+        "the test saw RECV {CUT_AFTER} only after all {COUNT} messages had arrived: the \
+         machine is too loaded to cut the link mid-stream"
+    );
 
     // Link A comes back while the stream goes on: both sides must re-arm the path they
     // left (`Event::PathRearmed`), which needs their NICs to see port 1 working again.
