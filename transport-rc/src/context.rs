@@ -706,7 +706,9 @@ fn background(sh: &Shared) {
                 rearm(sh, &mut st, None);
                 crate::conn::keepalive(sh, &mut st, now);
                 next_keepalive = now + tick;
+                st.recall_scanned_at = Some(now);
             } else if st.recall_pressure || st.recall_watch {
+                st.recall_scanned_at = Some(now);
                 crate::recall::tick(sh, &mut st, now, tick, false);
             }
             sleep = if st.recall_pressure {

@@ -91,6 +91,9 @@ pub(crate) struct State {
     /// The watch interval: `recall::WATCH_SCAN` when the watch starts or a peer starved,
     /// doubling after every scan that finds none, up to the tick.
     pub(crate) recall_watch_every: Duration,
+    /// When the starving flags were last looked at (by the background thread, or by an
+    /// application thread in `after`).
+    pub(crate) recall_scanned_at: Option<Instant>,
     /// Receive completions so far, and their number at the last watch scan: a context that
     /// received nothing since keeps backing its watch off.
     pub(crate) recv_seen: u64,
@@ -131,6 +134,7 @@ impl State {
             recall_pressure: false,
             recall_watch: false,
             recall_watch_every: crate::recall::WATCH_SCAN,
+            recall_scanned_at: None,
             recv_seen: 0,
             recv_at_watch: 0,
             ready: VecDeque::new(),
@@ -241,6 +245,25 @@ impl Shared {
         // sends the packed frames still open: they wait for no more than that.
         if !st.packs.is_empty() {
             self.flush_packs(st);
+        }
+        // While every buffer is promised (or a peer starves), a thread that makes progress
+        // anyway also looks at the starving flags, every WATCH_SCAN (PRESSURE_SCAN): the
+        // background thread backs off to its tick while nothing arrives, and a newcomer
+        // with no credit would wait for it.
+        if st.recall_watch || st.recall_pressure {
+            let now = Instant::now();
+            let every = if st.recall_pressure {
+                crate::recall::PRESSURE_SCAN
+            } else {
+                crate::recall::WATCH_SCAN
+            };
+            if st
+                .recall_scanned_at
+                .is_none_or(|t| now.duration_since(t) >= every)
+            {
+                st.recall_scanned_at = Some(now);
+                crate::recall::tick(self, st, now, self.keepalive_tick(), false);
+            }
         }
         if self.batch_posts {
             // Posting may be a round trip to another process: grant what is already
