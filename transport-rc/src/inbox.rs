@@ -125,6 +125,15 @@ impl Shared {
                 continue;
             }
             let Some(msg) = self.pop_message(st, k) else {
+                // A packed frame's next message waits for a pool buffer: keep the endpoint
+                // in the queue (it has a message, it just cannot be copied out yet).
+                if st
+                    .eps
+                    .get(k)
+                    .is_some_and(|e| matches!(e.inbox.front(), Some(Inbound::Packed { .. })))
+                {
+                    st.mark_ready(k);
+                }
                 continue;
             };
             if st.eps.get(k).is_some_and(|e| e.has_message()) {
