@@ -19,8 +19,15 @@ fn pair_with(b: impl Fn() -> rdmx_rc::ContextBuilder) -> (Context, Endpoint, Con
     (client, cep, server, sep)
 }
 
+/// A pair with the default thresholds pinned (the builder beats `RDMX_*`): the tests count
+/// on which protocol each size takes. The transport still follows `RDMX_TRANSPORT`.
 fn pair() -> (Context, Endpoint, Context, Endpoint) {
-    pair_with(|| Context::builder().pool_max(128 << 20))
+    pair_with(|| {
+        Context::builder()
+            .pool_max(128 << 20)
+            .inline_threshold(188)
+            .rndv_threshold(32 << 10)
+    })
 }
 
 #[test]
@@ -243,10 +250,14 @@ fn batched_sends_arrive_in_order_on_every_endpoint() {
     // (inline, eager, rendezvous). The first half is sent in batches of 16, the second in
     // one batch, which the device flushes every 16 posts and whenever the sender polls
     // (busy-polling: waits for credits poll the device).
+    // The thresholds are pinned (the builder beats `RDMX_*`), since the test counts on
+    // all three protocols and on small messages being packed.
     let b = || {
         Context::builder()
             .pool_max(128 << 20)
             .busy_poll(Duration::from_millis(200))
+            .inline_threshold(188)
+            .rndv_threshold(32 << 10)
     };
     let server = b().build().expect("server context");
     let listener = server.listen("127.0.0.1:0").expect("listen");
@@ -349,6 +360,7 @@ fn rendezvous_window_bounds_the_buffers_awaiting_a_read() {
         Context::builder()
             .pool_max(128 << 20)
             .rndv_window(window)
+            .rndv_threshold(32 << 10)
             .busy_poll(Duration::ZERO)
     });
     assert_eq!(c.config().rndv_window, window);
@@ -391,7 +403,13 @@ fn rendezvous_window_bounds_the_buffers_awaiting_a_read() {
 
 #[test]
 fn packed_messages_wait_for_no_more_than_the_batch() {
-    let (c, cep, _s, sep) = pair();
+    // Small messages are packed only up to the inline threshold: pinned.
+    let (c, cep, _s, sep) = pair_with(|| {
+        Context::builder()
+            .pool_max(128 << 20)
+            .inline_threshold(188)
+            .rndv_threshold(32 << 10)
+    });
     // Ping-pong inside one batch, from one thread: the request is packed by the client's
     // context, and the thread then waits on the server's context, which does not make the
     // client's progress. The pack flusher posts the frame within 1 ms; without it, each
@@ -469,13 +487,18 @@ fn packed_messages_wait_for_pool_room_and_then_arrive() {
     // `Context::recv` once the application lets some go.
     let server = Context::builder()
         .srq_depth(32)
+        .rndv_threshold(32 << 10)
         .pool_max(4 << 20)
         .build()
         .unwrap();
     let listener = server.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let t = std::thread::spawn(move || listener.accept().unwrap());
-    let client = Context::builder().build().unwrap();
+    let client = Context::builder()
+        .inline_threshold(188)
+        .rndv_threshold(32 << 10)
+        .build()
+        .unwrap();
     let cep = client.connect(addr).unwrap();
     let _sep = t.join().unwrap();
     let n = 40_000u32;
