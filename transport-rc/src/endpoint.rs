@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
 
-use crate::context::{Context, wait_until};
+use crate::context::Context;
 use crate::ep::{Inbound, OpSource, Status};
+use crate::progress::wait_until;
 use crate::send::Payload;
 use crate::shared::{Shared, State};
 

@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use rdmx_core::{DisconnectCause, Error, Event, Result};
 
-use crate::context::{Context, wait_until};
+use crate::context::Context;
 use crate::endpoint::Message;
 use crate::ep::Inbound;
+use crate::progress::wait_until;
 use crate::shared::{Shared, State};
 use rdmx_core::header::PACKED_ENTRY_LEN;
 

@@ -38,6 +38,7 @@ mod endpoint;
 mod ep;
 mod grants;
 mod inbox;
+mod progress;
 mod recall;
 mod rndv;
 mod send;

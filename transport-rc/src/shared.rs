@@ -4,12 +4,13 @@
 //! (a message, a credit, a buffer) takes the lock, runs [`Shared::progress`] — which polls the
 //! completion queue and routes each completion to its endpoint — and looks again. There is no
 //! hand-off to another thread on the latency path: the thread that waits is the thread that
-//! polls. A background thread (see `context.rs`) only takes over when nobody is polling.
+//! polls. A background thread (see `progress.rs`) only takes over when nobody is polling.
 //!
 //! This file holds the state and the completion routing; the rest of the engine's methods
 //! live next to it: `grants.rs` (receive buffers and credits), `rndv.rs` (rendezvous reads
-//! and mailboxes), `recall.rs` (credit recall), `send.rs` (sending) and `teardown.rs`
-//! (failing and removing endpoints).
+//! and mailboxes), `recall.rs` (credit recall), `send.rs` (sending, packed frames),
+//! `teardown.rs` (failing and removing endpoints) and `progress.rs` (waiting, and the
+//! context's threads).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -194,7 +195,7 @@ pub(crate) struct Shared {
     #[cfg(feature = "tokio")]
     pub(crate) notify: tokio::sync::Notify,
     pub(crate) stop: AtomicBool,
-    /// Wakes the pack flusher (see `pack_flusher` in `context.rs`).
+    /// Wakes the pack flusher (see `pack_flusher` in `progress.rs`).
     pub(crate) pack_cond: Condvar,
 }
 

@@ -1,0 +1,270 @@
+//! Waiting and the context's own threads: `wait_until` (how a blocking call polls, then
+//! sleeps), the background thread (progress when no application thread polls, keepalives,
+//! device events, path re-arming) and the pack flusher (packed frames of send batches go
+//! within `PACK_HOLD`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rdmx_core::{Error, Event, Result};
+use rdmx_verbs::AsyncEvent;
+
+use crate::shared::{Shared, State};
+
+/// Polls between two looks at the clock while spinning.
+const CLOCK_EVERY: u32 = 16;
+
+/// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
+/// sleeps on the context's condition variable (the background thread, or any thread that
+/// makes progress, wakes it). `timeout = None` waits forever; the busy-poll time and the
+/// timeout count from the first look that fails.
+pub(crate) fn wait_until<T>(
+    sh: &Shared,
+    timeout: Option<Duration>,
+    mut f: impl FnMut(&mut State) -> Option<Result<T>>,
+) -> Result<T> {
+    // The clock is read only once a look has failed (a call that finds what it wants at
+    // once reads it only for the poll stamp): at a million messages a second, each read
+    // (~22 ns here) is a percent of the time. Spin time and timeout count from there.
+    let mut start: Option<Instant> = None;
+    let mut sleep = Duration::from_micros(100);
+    // Reading the clock costs about as much as an empty poll here, so the spin looks at it
+    // only every few polls.
+    let mut polls = 0u32;
+    loop {
+        {
+            let mut st = sh.state.lock();
+            if polls.is_multiple_of(CLOCK_EVERY) {
+                sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
+            }
+            if sh.progress(&mut st) > 0 {
+                sh.wake_all();
+            }
+            if let Some(r) = f(&mut st) {
+                return r;
+            }
+            polls = polls.wrapping_add(1);
+            if !polls.is_multiple_of(CLOCK_EVERY) && start.is_some() {
+                drop(st);
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            let begun = *start.get_or_insert(now);
+            if let Some(t) = timeout
+                && now >= begun + t
+            {
+                return Err(Error::Timeout(now - begun));
+            }
+            if now >= begun + sh.cfg.busy_poll {
+                // Sleep: arm the completion queue (the background thread sleeps on its
+                // channel), look once more to close the race, then wait. Credits that arrive
+                // by RDMA WRITE raise no completion, so the sleep is also bounded.
+                sh.cq.req_notify(false);
+                if sh.progress(&mut st) > 0 {
+                    sh.wake_all();
+                }
+                if let Some(r) = f(&mut st) {
+                    return r;
+                }
+                let mut t = sleep;
+                if let Some(timeout) = timeout {
+                    t = t.min((begun + timeout).saturating_duration_since(now));
+                }
+                // Stop claiming the device's reception, so the soft provider's engine thread
+                // processes packets while we sleep.
+                sh.vctx.yield_polling();
+                sh.sleepers.fetch_add(1, Ordering::AcqRel);
+                sh.cond.wait_for(&mut st, t);
+                sh.sleepers.fetch_sub(1, Ordering::AcqRel);
+                sleep = (sleep * 2).min(Duration::from_millis(5));
+                continue;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The pack flusher: posts packed frames that stayed open `PACK_HOLD` (a thread holding a
+/// send batch while it blocks on something other than rdmx). It sleeps on its condition
+/// variable without a timeout while no frame is open, so an idle context or one that never
+/// batches pays nothing; while frames keep opening it wakes once per `PACK_HOLD`.
+pub(crate) fn pack_flusher(sh: &Shared) {
+    let mut st = sh.state.lock();
+    while !sh.stop.load(Ordering::Acquire) {
+        match st.pack_due {
+            None => sh.pack_cond.wait(&mut st),
+            Some(due) => {
+                if Instant::now() < due {
+                    sh.pack_cond.wait_until(&mut st, due);
+                    continue;
+                }
+                st.pack_due = None;
+                if !st.packs.is_empty() {
+                    sh.flush_packs(&mut st);
+                    if !st.packs.is_empty() {
+                        // No send slot now: look again soon.
+                        st.pack_due = Some(Instant::now() + crate::send::PACK_HOLD);
+                    }
+                }
+            }
+        };
+    }
+}
+
+/// The background thread: progress when no application thread polls, keepalives, device
+/// events. It sleeps on the completion channel and never spins.
+pub(crate) fn background(sh: &Shared) {
+    let tick = sh.keepalive_tick();
+    let mut next_keepalive = Instant::now() + tick;
+    let mut sleep;
+    while !sh.stop.load(Ordering::Acquire) {
+        // Sleep on the completion channel armed when no application thread is polling, or
+        // when one is waiting for us to wake it.
+        let idle = sh
+            .now_nanos()
+            .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
+            > 2_000_000
+            || sh.sleepers.load(Ordering::Acquire) > 0;
+        if idle {
+            sh.cq.req_notify(false);
+        }
+        {
+            let mut st = sh.state.lock();
+            if sh.progress(&mut st) > 0 {
+                sh.wake_all();
+            }
+            while let Some(ev) = sh.vctx.get_async_event(Duration::ZERO) {
+                match &sh.node {
+                    // The contexts of a node share its device: every one of them hears
+                    // every event and acts on what concerns it.
+                    Some(n) => n.share_event(ev),
+                    None => on_async_event(sh, &mut st, ev),
+                }
+            }
+            let mine: Vec<AsyncEvent> = sh.node_events.lock().drain(..).collect();
+            for ev in mine {
+                on_async_event(sh, &mut st, ev);
+            }
+            let now = Instant::now();
+            if now >= next_keepalive {
+                rearm(sh, &mut st, None);
+                crate::conn::keepalive(sh, &mut st, now);
+                next_keepalive = now + tick;
+                st.recall_scanned_at = Some(now);
+            } else if st.recall_pressure || st.recall_watch {
+                st.recall_scanned_at = Some(now);
+                crate::recall::tick(sh, &mut st, now, tick, false);
+            }
+            sleep = if st.recall_pressure {
+                crate::recall::PRESSURE_SCAN.min(tick)
+            } else if st.recall_watch {
+                st.recall_watch_every.min(tick)
+            } else {
+                tick
+            };
+        }
+        // While an application thread polls, stay asleep for a whole tick: a thread that
+        // stops polling to sleep arms the completion queue first, which wakes us at once,
+        // and waking up more often only steals the polling thread's CPU. While a peer
+        // starves for credits, look again sooner.
+        let _ = sh.cq.channel().wait_spin(sleep, Duration::ZERO);
+    }
+    // The context is going away: endpoints that still exist keep working through their own
+    // progress calls.
+}
+
+/// Loads the path an endpoint migrated away from as its new alternate, once that path's
+/// local port is active and a tick has passed since the migration (`port`: a port that just
+/// became active; `None`: check them all). Called on every tick and on `PortActive`.
+fn rearm(sh: &Shared, st: &mut State, port: Option<u8>) {
+    let mut rearmed = Vec::new();
+    for (_, ep) in st.eps.iter_mut() {
+        let (Some(p), Some(paths)) = (ep.rearm_port, &ep.paths) else {
+            continue;
+        };
+        if port.is_some_and(|q| q != p) || !matches!(ep.status, crate::ep::Status::Open) {
+            continue;
+        }
+        if ep.rearm_after.is_some_and(|t| Instant::now() < t) {
+            continue;
+        }
+        let up = sh
+            .vctx
+            .query_port(p)
+            .is_ok_and(|a| a.state == rdmx_verbs::PortState::Active);
+        if !up {
+            continue;
+        }
+        // Port 1 reaches the peer's primary address, port 2 its alternate.
+        let target = &paths[usize::from(p) - 1];
+        match crate::conn::load_alternate(sh, &ep.qp, target, p) {
+            Ok(()) => {
+                ep.rearm_port = None;
+                rearmed.push(ep.id);
+            }
+            Err(e) => tracing::debug!(endpoint = ep.id, "re-arming failed: {e}"),
+        }
+    }
+    for endpoint in rearmed {
+        st.events.push_back(Event::PathRearmed { endpoint });
+    }
+}
+
+fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
+    match ev {
+        AsyncEvent::SrqLimitReached(_) => {
+            sh.after(st);
+            let _ = sh.srq.arm_limit((sh.cfg.srq_depth / 4).max(1));
+        }
+        AsyncEvent::PathMigrated(qpn) => {
+            // The queue pair an endpoint sends on (its RC QP, or a shared XRC initiator):
+            // every endpoint on it moved. (A node's XRC target QPs migrate on their own;
+            // the endpoints hear of it through their initiators.)
+            let mut any = false;
+            for (_, ep) in st.eps.iter_mut().filter(|(_, e)| e.qpn == qpn.0) {
+                ep.on_alt = !ep.on_alt;
+                // The path left behind leaves from port 1 when we are now on the alternate.
+                ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
+                ep.rearm_after = Some(Instant::now() + sh.keepalive_tick());
+                tracing::info!(endpoint = ep.id, "path migrated");
+                st.events.push_back(Event::PathMigrated { endpoint: ep.id });
+                any = true;
+            }
+            if any {
+                sh.wake_all();
+            }
+        }
+        AsyncEvent::PortActive(port) => rearm(sh, st, Some(port)),
+        AsyncEvent::SrqError(srq) if srq == sh.srq.handle() => {
+            // Nothing can arrive any more: the receive queue every endpoint shares is gone
+            // (for a node shared by processes, the process hosting its domain went away).
+            tracing::warn!("the context's shared receive queue failed; every endpoint is down");
+            let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
+            for k in keys {
+                sh.fail(
+                    st,
+                    k,
+                    rdmx_core::DisconnectCause::TransportError(
+                        "the context's shared receive queue failed (SrqError; on a node \
+                         shared by processes, its domain's host went away)"
+                            .into(),
+                    ),
+                );
+            }
+            sh.wake_all();
+        }
+        AsyncEvent::QpFatal(qpn)
+        | AsyncEvent::QpAccessError(qpn)
+        | AsyncEvent::QpRequestError(qpn) => {
+            if let Some(&k) = st.by_qpn.get(&qpn.0) {
+                sh.fail(
+                    st,
+                    k,
+                    rdmx_core::DisconnectCause::TransportError(format!("{ev:?}")),
+                );
+            }
+        }
+        other => tracing::debug!(event = ?other, "device event"),
+    }
+}
