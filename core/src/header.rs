@@ -66,15 +66,19 @@ impl<'a> PackedEntries<'a> {
         let mut at = 0;
         let mut count = 0;
         while at < payload.len() {
-            let len = payload.get(at..at + PACKED_ENTRY_LEN)?;
-            let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
-            at = at.checked_add(PACKED_ENTRY_LEN + len)?;
-            if at > payload.len() {
-                return None;
-            }
+            at = Self::entry_at(payload, at)?.end;
             count += 1;
         }
         (count > 0).then_some((Self { payload, at: 0 }, count))
+    }
+
+    /// The bytes of the entry that starts at `at` in `payload` (the next one starts at the
+    /// range's end), or `None` when no whole entry starts there.
+    pub fn entry_at(payload: &[u8], at: usize) -> Option<std::ops::Range<usize>> {
+        let l = payload.get(at..at.checked_add(PACKED_ENTRY_LEN)?)?;
+        let start = at + PACKED_ENTRY_LEN;
+        let end = start + usize::from(u16::from_be_bytes([l[0], l[1]]));
+        (end <= payload.len()).then_some(start..end)
     }
 
     /// Appends an entry of `data` to a packed payload under construction in `out` at
@@ -94,15 +98,9 @@ impl Iterator for PackedEntries<'_> {
     type Item = std::ops::Range<usize>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let l = self.payload.get(self.at..self.at + PACKED_ENTRY_LEN)?;
-        let len = usize::from(u16::from_be_bytes([l[0], l[1]]));
-        let start = self.at + PACKED_ENTRY_LEN;
-        let end = start + len;
-        if end > self.payload.len() {
-            return None;
-        }
-        self.at = end;
-        Some(start..end)
+        let r = Self::entry_at(self.payload, self.at)?;
+        self.at = r.end;
+        Some(r)
     }
 }
 

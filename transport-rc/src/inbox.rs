@@ -29,7 +29,7 @@ use crate::endpoint::Message;
 use crate::ep::Inbound;
 use crate::progress::wait_until;
 use crate::shared::{Shared, State};
-use rdmx_core::header::PACKED_ENTRY_LEN;
+use rdmx_core::header::PackedEntries;
 
 impl State {
     /// Queues endpoint `k` for [`Context::recv`] (unless it is queued already).
@@ -51,16 +51,12 @@ impl Shared {
         if let Some(Inbound::Packed { buf, off, end }) = ep.inbox.front_mut() {
             // The next message of a packed frame, copied into a buffer of its own; the
             // frame's receive buffer goes back to the queue after its last message.
-            let (b, next) = {
-                let l = buf.get(*off..*off + PACKED_ENTRY_LEN)?;
-                let len = usize::from(u16::from_be_bytes([l[0], l[1]]));
-                let start = *off + PACKED_ENTRY_LEN;
-                let bytes = buf.get(start..start + len)?;
-                // A pool at its cap: the message waits in the frame, as it would in its own
-                // receive buffer, until the application frees something.
-                let b = self.pool.try_alloc_from(bytes).ok()?;
-                (b, start + len)
-            };
+            let frame = buf.get(..*end)?;
+            let entry = PackedEntries::entry_at(frame, *off)?;
+            // A pool at its cap: the message waits in the frame, as it would in its own
+            // receive buffer, until the application frees something.
+            let b = self.pool.try_alloc_from(&frame[entry.clone()]).ok()?;
+            let next = entry.end;
             *off = next;
             if next >= *end
                 && let Some(Inbound::Packed { buf, .. }) = ep.inbox.pop_front()

@@ -147,14 +147,13 @@ pub(crate) fn background(sh: &Shared) {
                 on_async_event(sh, &mut st, ev);
             }
             let now = Instant::now();
+            // (The quicker looks at the starving flags between ticks happen in the progress
+            // call above, `Shared::after`, once they are due.)
             if now >= next_keepalive {
                 rearm(sh, &mut st, None);
                 crate::conn::keepalive(sh, &mut st, now);
                 next_keepalive = now + tick;
                 st.recall_scanned_at = Some(now);
-            } else if st.recall_pressure || st.recall_watch {
-                st.recall_scanned_at = Some(now);
-                crate::recall::tick(sh, &mut st, now, tick, false);
             }
             sleep = if st.recall_pressure {
                 crate::recall::PRESSURE_SCAN.min(tick)

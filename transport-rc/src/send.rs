@@ -91,14 +91,11 @@ impl Shared {
         if !self.flush_pack(st, k)? {
             return Ok(Some(payload));
         }
-        let Some(ep) = st.eps.get_mut(k) else {
+        if !st.eps.contains(k) {
             return Err(Error::Disconnected(DisconnectCause::LocalClose));
-        };
-        if ep.send.available() == 0 {
-            self.read_mailbox(st, k);
         }
-        let ep = &mut st.eps[k];
-        if ep.send.available() == 0 {
+        if !self.has_credit(st, k) {
+            let ep = &mut st.eps[k];
             // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
             // without one, tell the peer (once) that we wait (see `recall.rs`).
             let now = Instant::now();
@@ -267,16 +264,13 @@ impl Shared {
         let Some(ep) = st.eps.get_mut(k) else {
             return Ok(false);
         };
-        if PACKED_ENTRY_LEN + data.len() > cap || ep.sq_used() + 2 >= ep.sq_depth {
+        if PACKED_ENTRY_LEN + data.len() > cap
+            || ep.sq_used() + 2 >= ep.sq_depth
+            || !self.has_credit(st, k)
+        {
             return Ok(false);
-        }
-        if ep.send.available() == 0 {
-            self.read_mailbox(st, k);
         }
         let ep = &mut st.eps[k];
-        if ep.send.available() == 0 {
-            return Ok(false);
-        }
         let Ok(mut b) = self.pool.try_alloc(HEADER_LEN + cap) else {
             return Ok(false);
         };
@@ -295,6 +289,15 @@ impl Shared {
             self.pack_cond.notify_one();
         }
         Ok(true)
+    }
+
+    /// True when endpoint `k` holds a credit for its peer, after reading its mailbox if it
+    /// seemed to hold none (grants written there raise no completion).
+    fn has_credit(&self, st: &mut State, k: usize) -> bool {
+        if st.eps.get(k).is_some_and(|ep| ep.send.available() == 0) {
+            self.read_mailbox(st, k);
+        }
+        st.eps.get(k).is_some_and(|ep| ep.send.available() > 0)
     }
 
     /// Endpoint `k` has a credit to send with: it no longer waits for one, and the peer
@@ -317,7 +320,7 @@ impl Shared {
         let Some(mut b) = ep.pack.take() else {
             return Ok(true);
         };
-        if ep.down_cause().is_some() {
+        if matches!(ep.status, Status::Down(_)) {
             // Lost with the endpoint, like the messages already posted on it.
             st.packs.retain(|&x| x != k);
             return Ok(true);
@@ -348,20 +351,9 @@ impl Shared {
         Ok(true)
     }
 
-    /// Posts every open packed frame of endpoints that can still send (the others' frames
-    /// are dropped: their endpoint is down).
+    /// Posts every open packed frame (`flush_pack` drops those of endpoints that are down).
     pub(crate) fn flush_packs(&self, st: &mut State) {
         for k in std::mem::take(&mut st.packs) {
-            let open = st
-                .eps
-                .get(k)
-                .is_some_and(|e| matches!(e.status, Status::Open | Status::Closing));
-            if !open {
-                if let Some(ep) = st.eps.get_mut(k) {
-                    ep.pack = None;
-                }
-                continue;
-            }
             match self.flush_pack(st, k) {
                 Ok(true) => {}
                 Ok(false) => st.packs.push(k),
