@@ -200,6 +200,16 @@ fn rate_and_several_sizes() {
     assert_eq!(lines[1]["msg_protocol"], "eager", "{}", lines[1]);
 }
 
+#[test]
+fn batched_rate_packs_small_messages() {
+    let lines = perf_json(&["--test", "rate", "--iters", "2000", "--batch", "16"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    check_common(v, "rate", 8, 2000);
+    assert_eq!(v["batch"], 16, "{v}");
+    assert_eq!(v["msg_protocol"], "packed", "{v}");
+}
+
 /// Runs a command that must fail; returns its stderr.
 fn fails(args: &[&str]) -> String {
     let out = run(args);
