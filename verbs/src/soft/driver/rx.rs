@@ -13,6 +13,9 @@ use crate::error::VerbsError;
 /// An idle poll releases ACKs held at least this long (see `Nic::flush_acks`).
 const ACK_IDLE_NS: u64 = 50_000;
 
+/// A read of at least this many datagrams is a burst (switches UDP GRO on). A ping-pong can
+/// find a request, an ACK and a credit write queued together: three is no stream.
+const GRO_BURST: usize = 4;
 /// While UDP GRO is on, a port socket with no burst for this long switches it off.
 const GRO_IDLE_NS: u64 = 2_000_000;
 /// After GRO goes off, the socket is read with `recvmsg` for this long before `recvfrom`:
@@ -26,8 +29,8 @@ const GRO_GRACE_NS: u64 = 1_000_000;
 /// a socket with GRO on must be read with `recvmsg` to learn the segment size, and on this
 /// machine an empty `recvmsg` costs ~390 ns against ~275 ns for `recvfrom`. A busy poll is
 /// mostly empty reads, and a ping-pong sees one packet at a time, so a port starts with GRO
-/// off and reads with `recvfrom`; the first burst (a batched read returning more than one
-/// datagram) switches GRO on, and an empty read [`GRO_IDLE_NS`] after the last burst switches
+/// off and reads with `recvfrom`; the first burst (a batched read returning at least
+/// [`GRO_BURST`] datagrams, or a coalesced batch) switches GRO on, and an empty read [`GRO_IDLE_NS`] after the last burst switches
 /// it off again.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct PortRx {
@@ -47,7 +50,7 @@ impl PortRx {
 
     /// A read returned `n` datagrams, `coalesced` of them GRO batches.
     fn read(&mut self, fd: RawFd, now: u64, n: usize, coalesced: bool) {
-        if n > 1 || coalesced {
+        if n >= GRO_BURST || coalesced {
             if !self.gro && !self.no_gro {
                 if sys::set_gro(fd, true) {
                     self.gro = true;
@@ -294,7 +297,7 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::time::Duration;
 
-    use super::{GRO_GRACE_NS, GRO_IDLE_NS, PortRx};
+    use super::{GRO_BURST, GRO_GRACE_NS, GRO_IDLE_NS, PortRx};
     use crate::soft::driver::sys;
 
     /// Sends `count` datagrams of `seg` bytes as one GSO batch and returns what the
@@ -342,13 +345,15 @@ mod tests {
         assert!(m.plain(t0));
         assert_eq!(gso_round(&tx, &rx, 4, 1000), vec![(1000, 1000); 4]);
 
-        // A single datagram or an empty read is no burst.
-        m.read(fd, t0, 1, false);
+        // An empty read, a single datagram, or a few (a ping-pong's request, ACK and credit
+        // write) are no burst.
         m.read(fd, t0, 0, false);
+        m.read(fd, t0, 1, false);
+        m.read(fd, t0, GRO_BURST - 1, false);
         assert!(m.plain(t0));
 
         // A burst switches GRO on: batches now arrive whole, with their segment size.
-        m.read(fd, t0, 3, false);
+        m.read(fd, t0, GRO_BURST, false);
         if m.no_gro {
             eprintln!("skipped: this kernel has no UDP GRO");
             return;
@@ -358,7 +363,7 @@ mod tests {
 
         // A further burst restarts the idle clock; a hit after the idle time leaves GRO on
         // (no system call on the latency path); an empty read then switches it off.
-        m.read(fd, t0 + GRO_IDLE_NS / 2, 2, false);
+        m.read(fd, t0 + GRO_IDLE_NS / 2, 32, false);
         m.read(fd, t0 + GRO_IDLE_NS, 0, false);
         assert!(!m.plain(t0 + GRO_IDLE_NS));
         let idle = t0 + GRO_IDLE_NS / 2 + GRO_IDLE_NS;
