@@ -129,9 +129,11 @@ fn port_active_mtu(ifname: Option<&str>) -> Mtu {
         .unwrap_or(Mtu::Mtu1024)
 }
 
+/// The process-wide capture file from `RDMX_PCAP` (`None` inside: not capturing).
+static PCAP: OnceLock<Option<Mutex<PcapWriter>>> = OnceLock::new();
+
 /// The process-wide capture file from `RDMX_PCAP`, shared by every soft device.
 fn pcap() -> Option<&'static Mutex<PcapWriter>> {
-    static PCAP: OnceLock<Option<Mutex<PcapWriter>>> = OnceLock::new();
     PCAP.get_or_init(|| {
         let path = std::env::var_os("RDMX_PCAP")?;
         // `%p` in the name becomes the process id, so several processes can capture side by
@@ -140,7 +142,14 @@ fn pcap() -> Option<&'static Mutex<PcapWriter>> {
             .to_string_lossy()
             .replace("%p", &std::process::id().to_string());
         match PcapWriter::create(std::path::Path::new(&path)) {
-            Ok(w) => Some(Mutex::new(w)),
+            Ok(w) => {
+                // The writer lives in a static, which is never dropped: flush it when the
+                // process exits normally, so the capture keeps its tail.
+                if !sys::at_exit(flush_pcap_at_exit) {
+                    tracing::debug!("RDMX_PCAP: atexit refused; the last frames may be lost");
+                }
+                Some(Mutex::new(w))
+            }
             Err(e) => {
                 tracing::warn!("RDMX_PCAP: cannot create {:?}: {e}", path);
                 None
@@ -148,6 +157,21 @@ fn pcap() -> Option<&'static Mutex<PcapWriter>> {
         }
     })
     .as_ref()
+}
+
+/// Flushes the capture at process exit. A thread that still holds the writer (exit while
+/// it records a frame) is not waited for: the file then ends at the last whole record.
+extern "C" fn flush_pcap_at_exit() {
+    if let Some(Some(p)) = pcap_if_open() {
+        if let Some(mut w) = p.try_lock() {
+            let _ = w.flush();
+        }
+    }
+}
+
+/// The capture writer if [`pcap`] has been called (never opens one).
+fn pcap_if_open() -> Option<Option<&'static Mutex<PcapWriter>>> {
+    PCAP.get().map(Option::as_ref)
 }
 
 /// Flushes the capture file (so a process that exits does not lose its tail).

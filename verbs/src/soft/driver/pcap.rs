@@ -19,8 +19,9 @@ const SNAPLEN: u32 = 65_535;
 const LINKTYPE_ETHERNET: u32 = 1;
 /// Records written between two flushes at most.
 const FLUSH_EVERY: u32 = 64;
-/// Capacity of the write buffer.
-const BUFFER_BYTES: usize = 64 * 1024;
+/// Capacity of the write buffer: more than the largest record (16 + 62 + 65,535 bytes), so
+/// that every record is buffered whole and the file always ends at a record boundary.
+const BUFFER_BYTES: usize = 128 * 1024;
 
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86DD;
@@ -100,6 +101,12 @@ impl PcapWriter {
         record[8..12].copy_from_slice(&incl_len.to_le_bytes());
         record[12..16].copy_from_slice(&orig_len.to_le_bytes());
 
+        // Make room for the whole record first: a record split across a flush would leave
+        // the file ending mid-record if the process then stopped (a capture readers reject).
+        let total = record.len() + headers.len() + payload.len();
+        if self.out.capacity() - self.out.buffer().len() < total {
+            self.out.flush()?;
+        }
         self.out.write_all(&record)?;
         self.out.write_all(headers)?;
         self.out.write_all(payload)?;
@@ -514,6 +521,30 @@ mod tests {
         assert_eq!(size(), 24 + 65 * record);
         drop(w);
         assert_eq!(size(), 24 + 66 * record);
+    }
+
+    #[test]
+    fn the_file_on_disk_always_ends_at_a_record_boundary() {
+        let tmp = TempFile::new("boundary");
+        let (src, dst) = (addr("127.0.0.1:4791"), addr("127.0.0.1:4791"));
+        let mut w = PcapWriter::create(&tmp.0).unwrap();
+        // Records of 4,154 and 65,613 bytes (the largest), fewer than a flush's worth: what
+        // reaches the disk between flushes is only ever whole records.
+        for i in 0..60 {
+            let len = if i % 7 == 6 { 65_507 } else { 4_092 };
+            w.write_frame(ts(0, 0), src, dst, &vec![i as u8; len])
+                .unwrap();
+            let file = std::fs::read(&tmp.0).unwrap();
+            let mut off = 24;
+            while off < file.len() {
+                assert!(
+                    off + 16 <= file.len(),
+                    "a record header cut after frame {i}"
+                );
+                off += 16 + le32_at(&file[off..], 8) as usize;
+            }
+            assert_eq!(off, file.len(), "a record cut after frame {i}");
+        }
     }
 
     #[test]

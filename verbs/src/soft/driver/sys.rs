@@ -162,6 +162,14 @@ pub(crate) fn random_u64() -> u64 {
     }
 }
 
+/// Registers `f` to run when the process exits normally (`exit(3)`, or returning from
+/// `main`). False if the C library refused.
+pub(crate) fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: `f` is a plain function that stays valid for the life of the process; a Rust
+    // `extern "C"` function aborts rather than unwinds if it panics.
+    unsafe { libc::atexit(f) == 0 }
+}
+
 /// `SOL_UDP` / `UDP_SEGMENT` / `UDP_GRO` (linux/udp.h).
 const SOL_UDP: libc::c_int = 17;
 const UDP_SEGMENT: libc::c_int = 103;
