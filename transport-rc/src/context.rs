@@ -401,7 +401,11 @@ impl Context {
 
     /// Counters of the message layer.
     pub fn stats(&self) -> Stats {
-        self.shared().state.lock().stats
+        let st = self.shared().state.lock();
+        Stats {
+            recv_held: st.held,
+            ..st.stats
+        }
     }
 
     /// Counters of the buffer pool.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,17 +38,27 @@ impl fmt::Debug for Endpoint {
 }
 
 /// A received message: a pooled buffer (the payload is what it dereferences to). Eager
-/// messages occupy a receive buffer, which goes back to the shared receive queue when the
-/// message is dropped — keep messages briefly, or copy them out. Rendezvous messages, and
-/// the small messages of a packed frame (copied out of it), own a pool buffer.
+/// messages occupy a receive buffer, and the small messages of a packed frame share the
+/// frame's: it goes back to the shared receive queue when the message (for a frame, its
+/// last message) is dropped — keep messages briefly, or copy them out
+/// ([`into_buf`](Self::into_buf)). Rendezvous messages own a pool buffer.
 pub struct Message {
-    buf: Option<Buf>,
-    off: usize,
-    /// The buffer is a receive buffer (reposted on drop).
-    eager: bool,
-    rndv: bool,
+    /// `None` once given away (`into_buf`) or released (drop).
+    payload: Option<Body>,
     endpoint: u64,
     sh: Arc<Shared>,
+}
+
+/// Where a received message's bytes are.
+pub(crate) enum Body {
+    /// An eager message in its receive buffer, from the offset on (the buffer goes back to
+    /// the shared receive queue on drop).
+    Recv(Buf, usize),
+    /// A rendezvous message, read into a pool buffer of its own.
+    Rndv(Buf),
+    /// One entry of a packed frame: a view of the frame's receive buffer, which goes back
+    /// to the shared receive queue when its last message is dropped.
+    Packed(Arc<Buf>, Range<usize>),
 }
 
 impl fmt::Debug for Message {
@@ -64,27 +74,19 @@ impl Deref for Message {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        match &self.buf {
-            Some(b) => b.get(self.off..).unwrap_or_default(),
+        match &self.payload {
+            Some(Body::Recv(b, off)) => b.get(*off..).unwrap_or_default(),
+            Some(Body::Rndv(b)) => b,
+            Some(Body::Packed(frame, range)) => frame.get(range.clone()).unwrap_or_default(),
             None => &[],
         }
     }
 }
 
 impl Message {
-    pub(crate) fn new(
-        buf: Buf,
-        off: usize,
-        eager: bool,
-        rndv: bool,
-        endpoint: u64,
-        sh: Arc<Shared>,
-    ) -> Self {
+    pub(crate) fn new(payload: Body, endpoint: u64, sh: Arc<Shared>) -> Self {
         Self {
-            buf: Some(buf),
-            off,
-            eager,
-            rndv,
+            payload: Some(payload),
             endpoint,
             sh,
         }
@@ -97,19 +99,22 @@ impl Message {
 
     /// True for a message that arrived by rendezvous (it owns a pool buffer of its own).
     pub fn is_rendezvous(&self) -> bool {
-        self.rndv
+        matches!(self.payload, Some(Body::Rndv(_)))
     }
 
-    /// The payload as an owned buffer. For a rendezvous message, or one that came in a
-    /// packed frame, this is the buffer itself (no copy); an eager message is copied so its
-    /// receive buffer can go back at once.
+    /// The payload as an owned buffer. For a rendezvous message this is the buffer itself
+    /// (no copy); an eager or packed message is copied, so that its receive buffer can go
+    /// back at once.
+    ///
+    /// Holding a message holds its receive buffer (for a packed message, the whole frame
+    /// it came in), and the receive queue refills only while the application holds less
+    /// than a queue's worth: an application that keeps messages for long should keep them
+    /// as `into_buf` copies.
     ///
     /// # Errors
     /// As [`Context::try_alloc`] when a copy is needed and the pool is full.
     pub fn into_buf(mut self) -> Result<Buf> {
-        if !self.eager
-            && let Some(b) = self.buf.take()
-        {
+        if let Some(Body::Rndv(b)) = self.payload.take_if(|p| matches!(p, Body::Rndv(_))) {
             return Ok(b);
         }
         self.sh.pool.try_alloc_from(&self[..])
@@ -118,14 +123,20 @@ impl Message {
 
 impl Drop for Message {
     fn drop(&mut self) {
-        let Some(buf) = self.buf.take() else { return };
-        if self.eager {
-            let mut st = self.sh.state.lock();
-            self.sh.recycle(&mut st, buf);
-            self.sh.after(&mut st);
-            drop(st);
-            self.sh.wake_all();
-        }
+        let buf = match self.payload.take() {
+            None | Some(Body::Rndv(_)) => return,
+            Some(Body::Recv(buf, _)) => buf,
+            // Not the frame's last reference: nothing to give back, no lock to take.
+            Some(Body::Packed(frame, _)) => match Arc::into_inner(frame) {
+                Some(buf) => buf,
+                None => return,
+            },
+        };
+        let mut st = self.sh.state.lock();
+        self.sh.recycle(&mut st, buf);
+        self.sh.after(&mut st);
+        drop(st);
+        self.sh.wake_all();
     }
 }
 

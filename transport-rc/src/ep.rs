@@ -1,6 +1,7 @@
 //! The per-endpoint state kept inside a context (the `Endpoint` handle only names it).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rdmx_core::credit::{RecvWindow, SendWindow};
@@ -46,9 +47,9 @@ pub(crate) enum Status {
 /// Something received, in arrival order.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    /// A message ready for the application: the buffer, and the payload's offset and length.
-    /// `eager` buffers are receive buffers (they go back to the shared receive queue).
-    Msg { buf: Buf, off: usize, eager: bool },
+    /// An eager message ready for the application: its receive buffer (which goes back to
+    /// the shared receive queue), and the payload's offset.
+    Msg { buf: Buf, off: usize },
     /// A rendezvous message being read (or waiting for a destination buffer).
     Rndv {
         len: u32,
@@ -58,9 +59,14 @@ pub(crate) enum Inbound {
         done: bool,
     },
     /// A packed frame (a receive buffer holding several small messages): the next entry
-    /// starts at `off`, the payload ends at `end`. The buffer goes back to the shared
-    /// receive queue once its last message is taken.
-    Packed { buf: Buf, off: usize, end: usize },
+    /// starts at `off`, the payload ends at `end`. Its messages are handed out as views of
+    /// the frame (no copy), each holding a reference; the buffer goes back to the shared
+    /// receive queue with the last reference (`Shared::release_frame`).
+    Packed {
+        frame: Arc<Buf>,
+        off: usize,
+        end: usize,
+    },
     /// The peer closed: every message it sent is before this marker.
     Closed,
 }
@@ -110,7 +116,7 @@ pub(crate) struct Ep {
     pub(crate) key: usize,
     /// The queue pair it sends on: its own RC queue pair, or the context's XRC initiator
     /// towards the peer's node (shared with the other endpoints to that node).
-    pub(crate) qp: std::sync::Arc<QueuePair>,
+    pub(crate) qp: Arc<QueuePair>,
     /// Number of `qp` (send completions carry it).
     pub(crate) qpn: u32,
     /// Number of the queue pair its messages arrive through (the RC queue pair, or this

@@ -3,6 +3,8 @@
 //! endpoints that need them, and telling peers their grants (piggybacked, or by mailbox
 //! write).
 
+use std::sync::Arc;
+
 use rdmx_core::Buf;
 use rdmx_core::header::{Mailbox, Signal};
 use rdmx_verbs::{RecvWr, WrOpcode};
@@ -84,6 +86,16 @@ impl Shared {
     pub(crate) fn recycle(&self, st: &mut State, buf: Buf) {
         st.held = st.held.saturating_sub(1);
         self.repost(st, buf);
+    }
+
+    /// Drops one reference to a packed frame (held by its inbox entry or by a message taken
+    /// from it): the last one, whichever it is, sends the receive buffer back. Every holder
+    /// lets go with `Arc::into_inner` (here, or in `Message::drop`), which gives the buffer
+    /// to exactly one of them.
+    pub(crate) fn release_frame(&self, st: &mut State, frame: Arc<Buf>) {
+        if let Some(buf) = Arc::into_inner(frame) {
+            self.recycle(st, buf);
+        }
     }
 
     /// Keeps the shared receive queue full from the pool, as long as the application does not

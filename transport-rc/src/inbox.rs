@@ -25,7 +25,7 @@ use std::time::Duration;
 use rdmx_core::{DisconnectCause, Error, Event, Result};
 
 use crate::context::Context;
-use crate::endpoint::Message;
+use crate::endpoint::{Body, Message};
 use crate::ep::Inbound;
 use crate::progress::wait_until;
 use crate::shared::{Shared, State};
@@ -48,48 +48,36 @@ impl Shared {
     /// rendezvous message still being read, not the end-of-stream marker).
     pub(crate) fn pop_message(self: &Arc<Self>, st: &mut State, k: usize) -> Option<Message> {
         let ep = st.eps.get_mut(k)?;
-        if let Some(Inbound::Packed { buf, off, end }) = ep.inbox.front_mut() {
-            // The next message of a packed frame, copied into a buffer of its own; the
-            // frame's receive buffer goes back to the queue after its last message.
-            let frame = buf.get(..*end)?;
-            let entry = PackedEntries::entry_at(frame, *off)?;
-            // A pool at its cap: the message waits in the frame, as it would in its own
-            // receive buffer, until the application frees something.
-            let b = self.pool.try_alloc_from(&frame[entry.clone()]).ok()?;
-            let next = entry.end;
-            *off = next;
-            if next >= *end
-                && let Some(Inbound::Packed { buf, .. }) = ep.inbox.pop_front()
+        if let Some(Inbound::Packed { frame, off, end }) = ep.inbox.front_mut() {
+            // The next message of a packed frame: a view of the frame, no copy. The frame's
+            // receive buffer goes back to the queue when its last message is dropped.
+            let entry = PackedEntries::entry_at(frame.get(..*end)?, *off)?;
+            let view = Arc::clone(frame);
+            *off = entry.end;
+            if entry.end >= *end
+                && let Some(Inbound::Packed { frame, .. }) = ep.inbox.pop_front()
             {
-                self.recycle(st, buf);
+                self.release_frame(st, frame);
             }
-            return Some(self.delivered(st, k, b, 0, false, false));
+            return Some(self.delivered(st, k, Body::Packed(view, entry)));
         }
-        let (buf, off, eager, rndv) = match ep.inbox.pop_front()? {
-            Inbound::Msg { buf, off, eager } => (buf, off, eager, false),
+        let payload = match ep.inbox.pop_front()? {
+            Inbound::Msg { buf, off } => Body::Recv(buf, off),
             Inbound::Rndv {
                 dest: Some(buf),
                 done: true,
                 ..
-            } => (buf, 0, false, true),
+            } => Body::Rndv(buf),
             other => {
                 ep.inbox.push_front(other);
                 return None;
             }
         };
-        Some(self.delivered(st, k, buf, off, eager, rndv))
+        Some(self.delivered(st, k, payload))
     }
 
     /// Counts a message taken from endpoint `k`'s inbox and wraps it for the application.
-    fn delivered(
-        self: &Arc<Self>,
-        st: &mut State,
-        k: usize,
-        buf: rdmx_core::Buf,
-        off: usize,
-        eager: bool,
-        rndv: bool,
-    ) -> Message {
+    fn delivered(self: &Arc<Self>, st: &mut State, k: usize, payload: Body) -> Message {
         let ep = &mut st.eps[k];
         ep.delivered += 1;
         let id = ep.id;
@@ -101,12 +89,12 @@ impl Shared {
             });
         }
         st.stats.delivered += 1;
-        if rndv {
+        if matches!(payload, Body::Rndv(_)) {
             // A rendezvous message: its slot in the credit window opens again.
             ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
             self.mark_needy(st, k);
         }
-        Message::new(buf, off, eager, rndv, id, self.clone())
+        Message::new(payload, id, self.clone())
     }
 
     /// The next message of any endpoint whose handle is alive, taking endpoints in turn.
@@ -122,15 +110,6 @@ impl Shared {
                 continue;
             }
             let Some(msg) = self.pop_message(st, k) else {
-                // A packed frame's next message waits for a pool buffer: keep the endpoint
-                // in the queue (it has a message, it just cannot be copied out yet).
-                if st
-                    .eps
-                    .get(k)
-                    .is_some_and(|e| matches!(e.inbox.front(), Some(Inbound::Packed { .. })))
-                {
-                    st.mark_ready(k);
-                }
                 continue;
             };
             if st.eps.get(k).is_some_and(|e| e.has_message()) {

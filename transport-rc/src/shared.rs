@@ -70,6 +70,10 @@ pub struct Stats {
     /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
     /// being full), which wake the sender at once.
     pub read_done_signals: u64,
+    /// Now, not a count: receive buffers held by messages the application has not dropped
+    /// yet or that wait in inboxes (eager messages, and packed frames with a message
+    /// alive). While it is a receive queue's worth or more, the queue does not refill.
+    pub recv_held: u64,
 }
 
 /// All mutable state of a context.
@@ -435,7 +439,6 @@ impl Shared {
                 st.eps[k].inbox.push_back(Inbound::Msg {
                     buf,
                     off: HEADER_LEN,
-                    eager: true,
                 });
                 st.mark_ready(k);
             }
@@ -455,7 +458,7 @@ impl Shared {
                 tracing::trace!(endpoint = st.eps[k].id, count, "received a packed frame");
                 st.held += 1;
                 st.eps[k].inbox.push_back(Inbound::Packed {
-                    buf,
+                    frame: Arc::new(buf),
                     off: HEADER_LEN,
                     end,
                 });

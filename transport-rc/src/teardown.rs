@@ -156,14 +156,12 @@ impl Shared {
         let _ = self.mailbox.write(ep.mailbox_off, &[0; MAILBOX_LEN]);
         // Eager buffers still queued go back to the receive queue.
         let mut ep = ep;
+        // A packed frame's buffer goes back once the messages taken from it are dropped too.
         for i in ep.inbox.drain(..) {
-            if let Inbound::Msg {
-                buf, eager: true, ..
-            }
-            | Inbound::Packed { buf, .. } = i
-            {
-                st.held = st.held.saturating_sub(1);
-                self.repost(st, buf);
+            match i {
+                Inbound::Msg { buf, .. } => self.recycle(st, buf),
+                Inbound::Packed { frame, .. } => self.release_frame(st, frame),
+                _ => {}
             }
         }
         // Dropping the queue pair destroys it; the verbs layer guarantees the NIC no longer

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::{Context, Endpoint};
@@ -144,7 +144,6 @@ fn try_recv_would_block_and_one_sided() {
 #[test]
 fn hostile_bootstrap_peers_get_clear_errors() {
     use std::io::Write;
-    use std::time::Instant;
     let ctx = Context::builder()
         .connect_timeout(Duration::from_millis(400))
         .build()
@@ -211,7 +210,7 @@ fn close_after_using_the_last_credit() {
         let m = sep.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!(m[0], i);
     }
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     cep.close().expect("close");
     assert!(
         t.elapsed() < Duration::from_secs(1),
@@ -419,7 +418,7 @@ fn packed_messages_wait_for_no_more_than_the_batch() {
         let _b = c.batch();
         let mut rounds = Vec::new();
         for i in 0..50u32 {
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             cep.send(&i.to_le_bytes()).unwrap();
             let m = sep.recv_timeout(Duration::from_secs(5)).unwrap();
             assert_eq!(m[..], i.to_le_bytes());
@@ -480,15 +479,15 @@ fn packed_messages_wait_for_no_more_than_the_batch() {
 }
 
 #[test]
-fn packed_messages_wait_for_pool_room_and_then_arrive() {
-    // A receiver whose application keeps every message: each message of a packed frame is
-    // copied into a pooled buffer of its own, so the pool reaches its cap. The next message
-    // then waits in its frame (no error, nothing lost), and arrives through
-    // `Context::recv` once the application lets some go.
+fn packed_messages_hold_their_frame_until_the_last_is_dropped() {
+    // Packed messages are views of their frame's receive buffer (no copy). A receiver
+    // whose application keeps every message holds every frame: its receive queue stops
+    // refilling, the sender runs out of credits and waits (no error, nothing lost), and
+    // everything flows again once the application lets messages go. A frame goes back
+    // only with its last message, whichever message that is.
     let server = Context::builder()
         .srq_depth(32)
         .rndv_threshold(32 << 10)
-        .pool_max(4 << 20)
         .build()
         .unwrap();
     let listener = server.listen("127.0.0.1:0").unwrap();
@@ -503,43 +502,79 @@ fn packed_messages_wait_for_pool_room_and_then_arrive() {
     let _sep = t.join().unwrap();
     let n = 40_000u32;
     let tx = std::thread::spawn(move || {
-        for chunk in 0..n / 64 {
-            let _b = client.batch();
-            for i in chunk * 64..(chunk + 1) * 64 {
-                cep.send(&i.to_le_bytes()).unwrap();
+        for round in 0..2 {
+            for chunk in 0..n / 64 {
+                let _b = client.batch();
+                for i in chunk * 64..(chunk + 1) * 64 {
+                    cep.send(&(round * n + i).to_le_bytes()).unwrap();
+                }
             }
         }
         (client, cep)
     });
+    // Round one: keep everything; on a stall, drop every other message we hold (so most
+    // frames still have a message held, and go back only with a later drop).
     let mut held = Vec::new();
     let mut next = 0u32;
     let mut stalls = 0;
     while next < n {
-        match server.recv_timeout(Duration::from_millis(100)) {
+        match server.recv_timeout(Duration::from_millis(20)) {
             Ok(m) => {
                 assert_eq!(m[..], next.to_le_bytes());
+                assert!(!m.is_rendezvous());
                 next += 1;
-                held.push(m);
+                held.push(Some(m));
             }
             Err(Error::Timeout(_)) => {
-                // The pool is full: let half of what we hold go.
-                assert!(server.pool_stats().exhausted > 0, "stalled at {next}");
                 stalls += 1;
                 assert!(
-                    stalls < 100 && !held.is_empty(),
+                    stalls < 200 && !held.is_empty(),
                     "stuck at message {next} with {} held",
                     held.len()
                 );
-                let keep = held.len() / 2;
-                held.truncate(keep);
+                let live: Vec<usize> = (0..held.len()).filter(|&i| held[i].is_some()).collect();
+                if live.len() < 2 {
+                    held.clear();
+                }
+                for (j, &i) in live.iter().enumerate() {
+                    if j % 2 == 0 {
+                        held[i] = None;
+                    }
+                }
+                held.retain(Option::is_some);
             }
             Err(e) => panic!("after {next}: {e}"),
         }
     }
-    let _ = tx.join().unwrap();
-    eprintln!("{n} messages, {stalls} stalls on a full pool");
-    assert!(
-        server.pool_stats().exhausted > 0,
-        "the pool never filled: the test did not test anything"
+    // The first messages of round two may already be in the same frame as the last ones
+    // of round one; drop everything kept, then take round two without keeping anything.
+    drop(held);
+    while next < 2 * n {
+        let m = server
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("round two, at {next}: {e}"));
+        assert_eq!(m[..], next.to_le_bytes());
+        next += 1;
+    }
+    let (client, _cep) = tx.join().unwrap();
+    let frames = client.stats().packed_frames;
+    eprintln!(
+        "{} messages in {frames} frames, {stalls} stalls, {} credit waits at the sender",
+        2 * n,
+        client.stats().credit_waits
     );
+    assert!(stalls > 0, "the application never held enough to stall the sender");
+    assert!(client.stats().credit_waits > 0, "the sender never waited");
+    assert!(
+        frames > 0 && frames < u64::from(n) && client.stats().sent_packed == u64::from(2 * n),
+        "messages were not packed"
+    );
+    // Nothing leaked: every frame went back, so the receive queue is full again and the
+    // held count is 0 (a frame given back twice, or never, would show here).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().recv_held != 0 {
+        assert!(Instant::now() < deadline, "{} held", server.stats().recv_held);
+        let _ = server.try_recv();
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
