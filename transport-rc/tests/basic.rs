@@ -563,7 +563,10 @@ fn packed_messages_hold_their_frame_until_the_last_is_dropped() {
         2 * n,
         client.stats().credit_waits
     );
-    assert!(stalls > 0, "the application never held enough to stall the sender");
+    assert!(
+        stalls > 0,
+        "the application never held enough to stall the sender"
+    );
     assert!(client.stats().credit_waits > 0, "the sender never waited");
     assert!(
         frames > 0 && frames < u64::from(n) && client.stats().sent_packed == u64::from(2 * n),
@@ -573,7 +576,11 @@ fn packed_messages_hold_their_frame_until_the_last_is_dropped() {
     // held count is 0 (a frame given back twice, or never, would show here).
     let deadline = Instant::now() + Duration::from_secs(10);
     while server.stats().recv_held != 0 {
-        assert!(Instant::now() < deadline, "{} held", server.stats().recv_held);
+        assert!(
+            Instant::now() < deadline,
+            "{} held",
+            server.stats().recv_held
+        );
         let _ = server.try_recv();
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -162,10 +162,10 @@ fn pcap() -> Option<&'static Mutex<PcapWriter>> {
 /// Flushes the capture at process exit. A thread that still holds the writer (exit while
 /// it records a frame) is not waited for: the file then ends at the last whole record.
 extern "C" fn flush_pcap_at_exit() {
-    if let Some(Some(p)) = pcap_if_open() {
-        if let Some(mut w) = p.try_lock() {
-            let _ = w.flush();
-        }
+    if let Some(Some(p)) = pcap_if_open()
+        && let Some(mut w) = p.try_lock()
+    {
+        let _ = w.flush();
     }
 }
 
