@@ -51,3 +51,16 @@ pub use endpoint::{Endpoint, LocalRegion, Message, RemoteRegion};
 pub use rdmx_verbs::SharedBytes;
 pub use shared::Stats;
 pub use xrc::Node;
+
+/// The handles applications pass between threads stay `Send + Sync` (a compile-time check:
+/// a field that is not, such as an `Rc`, fails the build here rather than in a user's code).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Context>();
+    send_sync::<Endpoint>();
+    send_sync::<Listener>();
+    send_sync::<Message>();
+    send_sync::<LocalRegion>();
+    send_sync::<RemoteRegion>();
+    send_sync::<Node>();
+};
