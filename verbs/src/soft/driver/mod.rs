@@ -169,7 +169,7 @@ extern "C" fn flush_pcap_at_exit() {
     }
 }
 
-/// The capture writer if [`pcap`] has been called (never opens one).
+/// The capture writer if [`pcap()`] has been called (never opens one).
 fn pcap_if_open() -> Option<Option<&'static Mutex<PcapWriter>>> {
     PCAP.get().map(Option::as_ref)
 }
