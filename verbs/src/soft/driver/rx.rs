@@ -29,9 +29,9 @@ const GRO_GRACE_NS: u64 = 1_000_000;
 /// a socket with GRO on must be read with `recvmsg` to learn the segment size, and on this
 /// machine an empty `recvmsg` costs ~390 ns against ~275 ns for `recvfrom`. A busy poll is
 /// mostly empty reads, and a ping-pong sees one packet at a time, so a port starts with GRO
-/// off and reads with `recvfrom`; the first burst (a batched read returning at least
-/// [`GRO_BURST`] datagrams, or a coalesced batch) switches GRO on, and an empty read [`GRO_IDLE_NS`] after the last burst switches
-/// it off again.
+/// off and reads with `recvfrom`. The first burst (a batched read returning at least
+/// [`GRO_BURST`] datagrams, or a coalesced batch) switches GRO on; an empty read
+/// [`GRO_IDLE_NS`] after the last burst switches it off again.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct PortRx {
     /// UDP GRO is on.
