@@ -281,7 +281,7 @@ pub(crate) fn register(
         recv_qpn: if xrc.is_some() { u32::MAX } else { qpn },
         remote_srqn: None,
         peer_tag: 0,
-        status: Status::Open,
+        status: Status::Connecting,
         detached: false,
         close_sent: false,
         peer_closed: false,
@@ -323,17 +323,22 @@ pub(crate) fn register(
     if xrc.is_none() {
         st.by_qpn.insert(qpn, key);
     }
-    if credits < st.budget.target() {
-        st.eps[key].in_needy = true;
-        st.needy.push_back(key);
-    }
     Ok((key, id, info))
 }
 
-/// Fills in what the peer told us.
+/// Fills in what the peer told us, and opens the endpoint.
+///
+/// Until now it was `Connecting`: other threads of the context (granting credits, recalling
+/// them, keepalives) left it alone, as its peer's mailbox was unknown. A write to it then
+/// went to address 0 and took the endpoint down with a remote access error, which 100
+/// client threads connecting at once through one context hit about once in 12 runs.
 pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
     let mut st = sh.state.lock();
+    let target = st.budget.target();
     if let Some(ep) = st.eps.get_mut(key) {
+        if ep.status == Status::Connecting {
+            ep.status = Status::Open;
+        }
         ep.peer_tag = peer.tag as u16;
         if sh.node.is_some() {
             ep.remote_srqn = peer.srq_nums.first().copied();
@@ -353,6 +358,15 @@ pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
             && let Some((p, alt)) = paths
         {
             ep.paths = Some([p.clone(), alt.clone()]);
+        }
+        // Grants made while connecting are told now; below its window, it waits for more
+        // like the others.
+        let below = ep.recv.outstanding() < target;
+        if ep.recv.unadvertised() > 0 {
+            st.dirty.push(key);
+        }
+        if below {
+            sh.mark_needy(&mut st, key);
         }
     }
     sh.after(&mut st);

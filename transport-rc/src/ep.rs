@@ -36,6 +36,10 @@ pub(crate) struct RecallState {
 /// Where an endpoint is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Status {
+    /// Set up, and being connected: the peer's details (its mailbox above all) are not
+    /// known yet, so nothing may be written to it. Grants made meanwhile are written once
+    /// it opens (`conn::complete`).
+    Connecting,
     /// Sending and receiving.
     Open,
     /// `close()` was called: no new sends; in-flight ones drain, then a Close goes out.

@@ -300,3 +300,61 @@ fn more_endpoints_than_buffers_never_starve() {
     assert_eq!(server.device_counters().rnr_naks_sent, 0);
     assert_eq!(client.device_counters().rnr_naks_sent, 0);
 }
+
+#[test]
+fn endpoints_connecting_while_others_run_are_left_alone() {
+    // Threads of one client context connect while its other endpoints are busy, with
+    // fewer buffers than the endpoints would like, so credits are handed out as buffers
+    // come back, to endpoints that may still be connecting. Until an endpoint knows its
+    // peer's mailbox (`Status::Connecting`), the context's other threads must not write to
+    // it: such a write went to address 0, and the new endpoint died of a remote access
+    // error. That window is a few microseconds (between the queue pair's RTS and
+    // `conn::complete`), so this test exercises the path rather than catching the race
+    // every time: the `many_clients` example with 100 clients failed about one run in 12
+    // before the fix.
+    let server = Context::builder().build().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let clients = 48;
+    let rounds = 50u32;
+    let srv = std::thread::spawn(move || {
+        let mut eps = std::collections::HashMap::new();
+        for _ in 0..clients {
+            let ep = listener.accept_timeout(Duration::from_secs(20)).unwrap();
+            eps.insert(ep.id(), ep);
+        }
+        let mut answered = 0u32;
+        while answered < clients * rounds {
+            let m = server
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("after {answered} answers: {e}"));
+            eps[&m.endpoint()].send(&m).unwrap();
+            answered += 1;
+        }
+        eps
+    });
+    // Few buffers and credits at the client: its credit grants to its peers keep flowing
+    // while the later endpoints connect.
+    let client = Context::builder().srq_depth(64).credits(8).build().unwrap();
+    let threads: Vec<_> = (0..clients)
+        .map(|t| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let ep = client.connect(addr).unwrap();
+                for i in 0..rounds {
+                    let v = t * rounds + i;
+                    ep.send(&v.to_le_bytes()).unwrap();
+                    let m = ep
+                        .recv_timeout(Duration::from_secs(20))
+                        .unwrap_or_else(|e| panic!("client {t}, round {i}: {e}"));
+                    assert_eq!(m[..], v.to_le_bytes());
+                }
+                ep
+            })
+        })
+        .collect();
+    let eps: Vec<Endpoint> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let _server_eps = srv.join().unwrap();
+    assert!(eps.iter().all(Endpoint::is_connected));
+    assert_eq!(client.stats().protocol_errors, 0);
+}
