@@ -198,8 +198,9 @@ impl crate::Listener {
                 }
                 if let Some((stream, peer)) =
                     bootstrap::accept_until(&tcp, Instant::now() + ACCEPT_SLICE)?
+                    && let Some(ep) = crate::conn::accept(&ctx, stream, peer)?
                 {
-                    return crate::conn::accept(&ctx, stream, peer);
+                    return Ok(ep);
                 }
             }
         });

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+use rdmx_core::bootstrap::{self, BootstrapError, EndpointInfo, Frame, PathInfo, TransportKind};
 use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::header::{MAILBOX_LEN, Mailbox};
 use rdmx_core::{DisconnectCause, Error, Result};
@@ -401,11 +401,11 @@ pub(crate) fn check_peer(sh: &Shared, peer: &EndpointInfo) -> Result<()> {
 pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
     let sh = ctx.shared();
     let deadline = Instant::now() + sh.cfg.connect_timeout;
+    if sh.node.is_some() {
+        return connect_xrc(sh, addr, deadline);
+    }
     let mut stream = bootstrap::connect(addr, deadline)?;
     let psn = random_psn();
-    if sh.node.is_some() {
-        return crate::xrc::connect(sh, stream, addr, deadline);
-    }
     let qp = Arc::new(create_qp(sh)?);
     let (key, id, info) = register(sh, qp, psn)?;
     let result = (|| -> Result<()> {
@@ -419,8 +419,40 @@ pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
     settle(sh, key, id, result, "connected", addr)
 }
 
-/// The listening side, after the TCP accept.
-pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> Result<Endpoint> {
+/// The connecting side of an XRC endpoint: the exchange, tried again after a short random
+/// pause while the listener declines because its context is busy with another exchange
+/// ([`bootstrap::REJECT_BUSY`]).
+fn connect_xrc(sh: &Arc<Shared>, addr: SocketAddr, deadline: Instant) -> Result<Endpoint> {
+    loop {
+        // XRC exchanges of a context run one at a time, and the TCP connection is made
+        // under that lock: otherwise a listener could accept the connection of a thread
+        // still waiting here, and wait for its Hello while the thread it should be
+        // answering waits for it (16 threads connecting at once through one context timed
+        // out every time).
+        let one_at_a_time = crate::xrc::exchange_lock(sh, deadline)?;
+        let stream = bootstrap::connect(addr, deadline)?;
+        match crate::xrc::connect(sh, one_at_a_time, stream, addr, deadline) {
+            Err(Error::Bootstrap(BootstrapError::Rejected(r))) if r == bootstrap::REJECT_BUSY => {
+                // Our lock is released: the peer's own exchange with us can go ahead.
+                let pause = Duration::from_millis(5 + crate::context::random_u64() % 40);
+                if Instant::now() + pause >= deadline {
+                    return Err(Error::Bootstrap(BootstrapError::Rejected(r)));
+                }
+                tracing::debug!(%addr, ?pause, "the listener is busy; trying again");
+                std::thread::sleep(pause);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The listening side, after the TCP accept. `None`: the exchange was declined for now
+/// (XRC, context busy with another exchange); the caller accepts the next connection.
+pub(crate) fn accept(
+    ctx: &Context,
+    mut stream: TcpStream,
+    from: SocketAddr,
+) -> Result<Option<Endpoint>> {
     let sh = ctx.shared();
     let deadline = Instant::now() + sh.cfg.connect_timeout;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
@@ -446,7 +478,7 @@ pub(crate) fn accept(ctx: &Context, mut stream: TcpStream, from: SocketAddr) -> 
         bootstrap::send_frame(&mut stream, &Frame::Accept(info), deadline)?;
         Ok(())
     })();
-    settle(sh, key, id, result, "accepted", from)
+    settle(sh, key, id, result, "accepted", from).map(Some)
 }
 
 /// Background duties, every tick: probe peers that have been silent for half the peer

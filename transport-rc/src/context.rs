@@ -527,8 +527,13 @@ impl Listener {
     /// # Errors
     /// `Bootstrap` for a failed exchange, `Verbs` for queue pair set-up failures.
     pub fn accept(&self) -> Result<Endpoint> {
-        let (stream, peer) = bootstrap::accept(&self.tcp)?;
-        crate::conn::accept(&self.ctx, stream, peer)
+        loop {
+            let (stream, peer) = bootstrap::accept(&self.tcp)?;
+            // `None`: declined for now (the peer connects again).
+            if let Some(ep) = crate::conn::accept(&self.ctx, stream, peer)? {
+                return Ok(ep);
+            }
+        }
     }
 
     /// [`accept`](Self::accept), giving up with `Timeout` when no peer connects within
@@ -540,9 +545,14 @@ impl Listener {
     /// `Timeout`, or as `accept`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
         let start = Instant::now();
-        match bootstrap::accept_until(&self.tcp, start + timeout)? {
-            Some((stream, peer)) => crate::conn::accept(&self.ctx, stream, peer),
-            None => Err(Error::Timeout(start.elapsed())),
+        loop {
+            let Some((stream, peer)) = bootstrap::accept_until(&self.tcp, start + timeout)? else {
+                return Err(Error::Timeout(start.elapsed()));
+            };
+            // `None`: declined for now (the peer connects again).
+            if let Some(ep) = crate::conn::accept(&self.ctx, stream, peer)? {
+                return Ok(ep);
+            }
         }
     }
 

@@ -39,9 +39,9 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo};
 use rdmx_core::{Error, Result};
 use rdmx_verbs::{
@@ -372,14 +372,27 @@ fn node(sh: &Shared) -> Result<Arc<NodeInner>> {
         .ok_or_else(|| Error::Config("not an XRC context".into()))
 }
 
-/// The connecting side of an XRC endpoint (steps 1 to 4 of the module docs).
+/// Takes the context's XRC exchange lock, waiting no later than `deadline`.
+///
+/// The exchanges of one context run one at a time, so that each tells the peer which of
+/// its node's targets the context's initiator already uses (`xrc_in_use`) before another
+/// exchange can change that.
+pub(crate) fn exchange_lock(sh: &Shared, deadline: Instant) -> Result<MutexGuard<'_, ()>> {
+    let start = Instant::now();
+    sh.xrc_lock
+        .try_lock_until(deadline)
+        .ok_or_else(|| Error::Timeout(start.elapsed()))
+}
+
+/// The connecting side of an XRC endpoint (steps 1 to 4 of the module docs), under the
+/// exchange lock (taken before the TCP connection was made).
 pub(crate) fn connect(
     sh: &Arc<Shared>,
+    _one_at_a_time: MutexGuard<'_, ()>,
     mut stream: TcpStream,
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<Endpoint> {
-    let _one_at_a_time = sh.xrc_lock.lock();
     let node = node(sh)?;
     // A new initiator, used only if this context has none towards the peer's node yet
     // (which is known from the Accept).
@@ -409,15 +422,27 @@ pub(crate) fn connect(
     crate::conn::settle(sh, key, id, result, "connected (xrc)", addr)
 }
 
-/// The listening side of an XRC endpoint, after the first `Hello`.
+/// How long a listener waits for its context's other XRC exchange before it declines
+/// ([`bootstrap::REJECT_BUSY`]).
+const BUSY_WAIT: Duration = Duration::from_millis(20);
+
+/// The listening side of an XRC endpoint, after the first `Hello`. `None`: declined, as
+/// another exchange of the context is under way (the connector tries again).
 pub(crate) fn accept(
     sh: &Arc<Shared>,
     mut stream: TcpStream,
     from: SocketAddr,
     hello: &EndpointInfo,
     deadline: Instant,
-) -> Result<Endpoint> {
-    let _one_at_a_time = sh.xrc_lock.lock();
+) -> Result<Option<Endpoint>> {
+    // Wait only briefly: the exchange under way may be our own connect to this very peer,
+    // waiting for the peer's listener, which waits for its own connect to us. Declining
+    // breaks that cycle; the connector retries after a random pause.
+    let Some(_one_at_a_time) = sh.xrc_lock.try_lock_for(BUSY_WAIT) else {
+        let _ = bootstrap::reject(&mut stream, bootstrap::REJECT_BUSY, deadline);
+        tracing::debug!(%from, "XRC exchange declined: another one is under way");
+        return Ok(None);
+    };
     if let Err(e) = crate::conn::check_peer(sh, hello) {
         let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
         return Err(e);
@@ -449,5 +474,5 @@ pub(crate) fn accept(
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
         finish(sh, key, ini, my_target, their_target, &peer)
     })();
-    crate::conn::settle(sh, key, id, result, "accepted (xrc)", from)
+    crate::conn::settle(sh, key, id, result, "accepted (xrc)", from).map(Some)
 }

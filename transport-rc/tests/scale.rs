@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use rdmx_core::Error;
+use rdmx_core::bootstrap::TransportKind;
 use rdmx_rc::{Context, Endpoint};
 
 #[test]
@@ -303,6 +304,19 @@ fn more_endpoints_than_buffers_never_starve() {
 
 #[test]
 fn endpoints_connecting_while_others_run_are_left_alone() {
+    connecting_while_others_run(TransportKind::Rc);
+}
+
+#[test]
+fn xrc_endpoints_connecting_at_once_through_one_context() {
+    // XRC exchanges of a context run one at a time. The TCP connection used to be made
+    // before taking that turn, so the listener could accept a thread still waiting for
+    // it and wait for its Hello, while the thread whose turn it was waited for the
+    // listener: 16 threads connecting at once timed out every time.
+    connecting_while_others_run(TransportKind::Xrc);
+}
+
+fn connecting_while_others_run(transport: TransportKind) {
     // Threads of one client context connect while its other endpoints are busy, with
     // fewer buffers than the endpoints would like, so credits are handed out as buffers
     // come back, to endpoints that may still be connecting. Until an endpoint knows its
@@ -312,7 +326,7 @@ fn endpoints_connecting_while_others_run_are_left_alone() {
     // `conn::complete`), so this test exercises the path rather than catching the race
     // every time: the `many_clients` example with 100 clients failed about one run in 12
     // before the fix.
-    let server = Context::builder().build().unwrap();
+    let server = Context::builder().transport(transport).build().unwrap();
     let listener = server.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let clients = 48;
@@ -335,7 +349,12 @@ fn endpoints_connecting_while_others_run_are_left_alone() {
     });
     // Few buffers and credits at the client: its credit grants to its peers keep flowing
     // while the later endpoints connect.
-    let client = Context::builder().srq_depth(64).credits(8).build().unwrap();
+    let client = Context::builder()
+        .transport(transport)
+        .srq_depth(64)
+        .credits(8)
+        .build()
+        .unwrap();
     let threads: Vec<_> = (0..clients)
         .map(|t| {
             let client = client.clone();

@@ -306,3 +306,67 @@ fn xrc_exactly_once_under_loss() {
     assert_eq!(rnr, 0);
     eprintln!("4 XRC endpoints x {PER_EP} messages under loss: {dropped} frames dropped");
 }
+
+#[test]
+fn xrc_contexts_connecting_to_each_other_at_once_both_get_through() {
+    // A mesh: every context listens, and connects to the others while they connect to it.
+    // A context's XRC exchanges run one at a time; an exchange that waited for its peer
+    // while the peer's own exchange waited for it would deadlock (until the connect
+    // timeout) without a way out.
+    let ctxs: Vec<Context> = (0..3)
+        .map(|_| {
+            Context::builder()
+                .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+                .connect_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let listeners: Vec<_> = ctxs
+        .iter()
+        .map(|c| c.listen("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr()).collect();
+    let start = std::time::Instant::now();
+    // Each context accepts from the other two, and connects to the other two.
+    let acceptors: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            std::thread::spawn(move || {
+                (0..2)
+                    .map(|_| l.accept_timeout(Duration::from_secs(30)).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let connectors: Vec<_> = (0..3)
+        .flat_map(|i| (0..3).filter(move |&j| j != i).map(move |j| (i, j)))
+        .map(|(i, j)| {
+            let c = ctxs[i].clone();
+            let to = addrs[j];
+            std::thread::spawn(move || (i, j, c.connect(to).unwrap()))
+        })
+        .collect();
+    let outgoing: Vec<(usize, usize, Endpoint)> =
+        connectors.into_iter().map(|t| t.join().unwrap()).collect();
+    let incoming: Vec<Vec<Endpoint>> = acceptors.into_iter().map(|t| t.join().unwrap()).collect();
+    let took = start.elapsed();
+    eprintln!("6 endpoints each way among 3 contexts in {took:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Every connection carries messages both ways: the connector sends its (i, j), the
+    // acceptor of j answers on the endpoint it got.
+    for (i, j, ep) in &outgoing {
+        ep.send(&[*i as u8, *j as u8]).unwrap();
+    }
+    for (j, eps) in incoming.iter().enumerate() {
+        for ep in eps {
+            let m = ep.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(m[1] as usize, j);
+            ep.send(&m).unwrap();
+        }
+    }
+    for (i, j, ep) in &outgoing {
+        let m = ep.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(&m[..], &[*i as u8, *j as u8]);
+    }
+}

@@ -93,6 +93,13 @@ pub const MAX_FRAME: u32 = 64 * 1024;
 /// boundary.
 pub const MAX_REJECT_REASON: usize = 1024;
 
+/// The reason of a `Reject` that means "not now, connect again": a listener whose context
+/// is in the middle of another XRC exchange declines after a short wait, so that two
+/// contexts connecting to each other at once do not each wait for the other. A connector
+/// that gets it backs off for a few milliseconds and tries again, until its connect
+/// timeout.
+pub const REJECT_BUSY: &str = "busy: another XRC exchange of this context is under way; retry";
+
 /// The largest queue pair number, PSN or SRQ number: they are 24-bit fields on the wire.
 const MAX_24BIT: u32 = 0x00FF_FFFF;
 
