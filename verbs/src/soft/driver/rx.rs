@@ -389,26 +389,21 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let mut buf = vec![0u8; 2048];
         assert!(sys::recv_plain(rx.as_raw_fd(), &mut buf).unwrap().is_none());
+        // Waits up to a second for the datagram just sent.
+        let read = |buf: &mut [u8]| {
+            (0..1_000).find_map(|_| {
+                let got = sys::recv_plain(rx.as_raw_fd(), buf).unwrap();
+                if got.is_none() {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                got
+            })
+        };
         tx.send_to(b"hello", rx.local_addr().unwrap()).unwrap();
-        let mut got = None;
-        for _ in 0..1_000 {
-            got = sys::recv_plain(rx.as_raw_fd(), &mut buf).unwrap();
-            if got.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(got, Some((5, tx.local_addr().unwrap(), 5)));
+        assert_eq!(read(&mut buf), Some((5, tx.local_addr().unwrap(), 5)));
         assert_eq!(&buf[..5], b"hello");
         // An empty datagram is a read of length 0 (segment size 1, as recv_one reports).
         tx.send_to(b"", rx.local_addr().unwrap()).unwrap();
-        for _ in 0..1_000 {
-            got = sys::recv_plain(rx.as_raw_fd(), &mut buf).unwrap();
-            if got.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(got, Some((0, tx.local_addr().unwrap(), 1)));
+        assert_eq!(read(&mut buf), Some((0, tx.local_addr().unwrap(), 1)));
     }
 }
