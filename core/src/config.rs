@@ -158,6 +158,17 @@ impl Config {
                 self.recv_buf_size()
             ));
         }
+        // Deadlines are instants computed from these: bound them (a day is plenty).
+        let day = Duration::from_secs(86_400);
+        for (name, d) in [
+            ("peer_timeout", self.peer_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("busy_poll", self.busy_poll),
+        ] {
+            if d > day {
+                return bad(format!("{name} = {d:?} (at most a day, 86400 s)"));
+            }
+        }
         if self.peer_timeout < Duration::from_millis(10) {
             return bad(format!(
                 "peer_timeout = {:?} (at least 10 ms)",

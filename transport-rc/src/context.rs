@@ -546,7 +546,8 @@ impl Listener {
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
         let start = Instant::now();
         loop {
-            let Some((stream, peer)) = bootstrap::accept_until(&self.tcp, start + timeout)? else {
+            let Some((stream, peer)) = bootstrap::accept_until(&self.tcp, far(start, timeout))?
+            else {
                 return Err(Error::Timeout(start.elapsed()));
             };
             // `None`: declined for now (the peer connects again).
@@ -567,6 +568,12 @@ pub(crate) fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
         .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
         .next()
         .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
+}
+
+/// `from + t`, or a decade from `from` when that overflows (`Duration::MAX` means wait).
+pub(crate) fn far(from: Instant, t: Duration) -> Instant {
+    from.checked_add(t)
+        .unwrap_or_else(|| from + Duration::from_secs(10 * 365 * 86_400))
 }
 
 pub(crate) fn random_u64() -> u64 {

@@ -51,12 +51,14 @@ pub(crate) fn wait_until<T>(
             }
             let now = Instant::now();
             let begun = *start.get_or_insert(now);
+            // (Durations compared, not instants added: a timeout of `Duration::MAX` waits.)
+            let waited = now - begun;
             if let Some(t) = timeout
-                && now >= begun + t
+                && waited >= t
             {
-                return Err(Error::Timeout(now - begun));
+                return Err(Error::Timeout(waited));
             }
-            if now >= begun + sh.cfg.busy_poll {
+            if waited >= sh.cfg.busy_poll {
                 // Sleep: arm the completion queue (the background thread sleeps on its
                 // channel), look once more to close the race, then wait. Credits that arrive
                 // by RDMA WRITE raise no completion, so the sleep is also bounded.
@@ -69,7 +71,7 @@ pub(crate) fn wait_until<T>(
                 }
                 let mut t = sleep;
                 if let Some(timeout) = timeout {
-                    t = t.min((begun + timeout).saturating_duration_since(now));
+                    t = t.min(timeout.saturating_sub(waited));
                 }
                 // Stop claiming the device's reception, so the soft provider's engine thread
                 // processes packets while we sleep.

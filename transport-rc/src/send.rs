@@ -120,7 +120,9 @@ impl Shared {
             len: len as u32,
             flags: 0,
         };
-        if len <= self.inline_max {
+        // Inline only what fits the peer's receive buffers (its eager limit may be below
+        // our inline threshold).
+        if len <= self.inline_max && len < eager_limit {
             hdr.grant = ep.recv.advertise();
             ep.rndv_in_adv = ep.rndv_in_done;
             // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
@@ -183,13 +185,20 @@ impl Shared {
         }
         let ep = &mut st.eps[k];
         let src = match payload {
-            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold => RndvSrc::Buf(b),
+            // Read in place: a buffer of this context's pool from a class the peer may read
+            // (a buffer of another context's pool has keys the peer cannot use).
+            Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold && self.pool.owns(&b) => {
+                RndvSrc::Buf(b)
+            }
             Payload::Shared(b) => match self.regcache.register(&b) {
                 Ok(r) => RndvSrc::Shared(r),
                 Err(e) => return Err(e),
             },
-            other => match self.pool.try_alloc(len) {
+            // A copy, in a buffer the peer may read: from the classes at or above our own
+            // threshold, also when the peer's lower eager limit made this a rendezvous.
+            other => match self.pool.try_alloc(len.max(self.cfg.rndv_threshold)) {
                 Ok(mut b) => {
+                    b.set_len(len)?;
                     b.copy_from_slice(other.bytes());
                     RndvSrc::Buf(b)
                 }

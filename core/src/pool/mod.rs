@@ -216,6 +216,11 @@ impl BufferPool {
         })
     }
 
+    /// True when `buf` came from this pool (so its memory keys are this pool's).
+    pub fn owns(&self, buf: &Buf) -> bool {
+        Arc::ptr_eq(&self.shared, &buf.pool)
+    }
+
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors
