@@ -373,3 +373,46 @@ fn shared_bytes_refuse_remote_writes() {
     assert_eq!(b.wait(1)[0].status, WcStatus::RemAccessErr);
     assert_eq!(mr.to_vec(0, 64).unwrap(), vec![7u8; 64]);
 }
+
+/// A lost packet is retransmitted when its ACK timeout expires even if the posting thread
+/// never polls afterwards: the device's engine thread, asleep without a timer when the
+/// send was posted, must learn the new deadline. (It did not: the send stayed lost until
+/// the application polled again, which a thread that posts and then waits elsewhere, or a
+/// message layer whose own timer thread is gone, never does.)
+#[test]
+fn a_lost_send_is_retransmitted_while_the_sender_does_not_poll() {
+    if !common::on_soft() {
+        return common::skip("retransmit_without_polling", "soft provider only");
+    }
+    let a = Side::new(1 << 16, 100);
+    let b = Side::new(1 << 16, 200);
+    // ACK timeout 4.096 us x 2^12 = ~17 ms, 7 retries.
+    a.connect_with_timeout(&b.info(), 12);
+    // B's queue pair is still in RESET: the first transmission is dropped there.
+    a.mr.write(0, b"late but whole").unwrap();
+    let s = [a.mr.sge(0, 14)];
+    a.qp.post_send(&SendWr::send(7, &s).signaled()).unwrap();
+    let posted = std::time::Instant::now();
+    std::thread::sleep(Duration::from_millis(30));
+    // B comes up; A's thread does not poll from here on, until B has the message.
+    b.connect_with_timeout(&a.info(), 12);
+    let r = [b.mr.sge(0, 64)];
+    b.qp.post_recv(&RecvWr::new(1, &r)).unwrap();
+    let mut wc = [rdmx_verbs::WorkCompletion::EMPTY; 4];
+    let mut got = 0;
+    while got == 0 && posted.elapsed() < Duration::from_secs(2) {
+        got = b.cq.poll(&mut wc);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let took = posted.elapsed();
+    assert_eq!(
+        got, 1,
+        "B got nothing in {took:?}: the send was never retransmitted"
+    );
+    assert_eq!(wc[0].status, WcStatus::Success);
+    assert_eq!(b.mr.to_vec(0, 14).unwrap(), b"late but whole");
+    // Retransmitted at an ACK timeout (17 ms apart) once B was up at 30 ms.
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+    let done = a.wait(1);
+    assert_eq!(done[0].status, WcStatus::Success);
+}

@@ -90,6 +90,9 @@ pub(super) fn engine_thread(weak: Weak<Shared>) {
         if sh.shutdown.load(Ordering::Relaxed) {
             return;
         }
+        // About to sleep: from here, a post that arms a timer wakes us unless our deadline
+        // (computed below, under the NIC lock the post also takes) is earlier.
+        sh.engine_sleeps_until.store(u64::MAX, Ordering::Release);
         let now = sh.now();
         let last = sh.last_poll.load(Ordering::Relaxed);
         let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
@@ -109,6 +112,8 @@ pub(super) fn engine_thread(weak: Weak<Shared>) {
             }
             deadline = Some(deadline.map_or(next_link_check, |d| d.min(next_link_check)));
         }
+        sh.engine_sleeps_until
+            .store(deadline.unwrap_or(u64::MAX), Ordering::Release);
         let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
         fds.clear();
         fds.push(sh.wake.raw());
@@ -123,6 +128,7 @@ pub(super) fn engine_thread(weak: Weak<Shared>) {
         let Some(sh) = weak.upgrade() else {
             return;
         };
+        sh.engine_sleeps_until.store(0, Ordering::Release);
         if ready.first().copied().unwrap_or(false) {
             let _ = wake_fd;
             sh.wake.drain();

@@ -92,6 +92,10 @@ pub(crate) struct Shared {
     addrs: Vec<SocketAddr>,
     epoch: Instant,
     last_poll: AtomicU64,
+    /// While the engine thread sleeps (or is about to): until when, in device nanoseconds
+    /// (`u64::MAX`: no timer). 0 while it is awake. A post that arms an earlier timer while
+    /// nobody polls wakes it (`run_nic`).
+    engine_sleeps_until: AtomicU64,
     wake: EventFd,
     shutdown: AtomicBool,
     faults: Option<Mutex<FaultInjector<(usize, SocketAddr, IpAddr)>>>,
@@ -258,6 +262,7 @@ impl Shared {
             addrs: bound,
             epoch: clock::monotonic(),
             last_poll: AtomicU64::new(0),
+            engine_sleeps_until: AtomicU64::new(0),
             wake,
             shutdown: AtomicBool::new(false),
             faults,
@@ -370,7 +375,20 @@ impl Shared {
             .then(|| self.doorbell.hold(self.id(), now))
             .flatten()
         {
-            None => self.flush(nic, now),
+            None => {
+                self.flush(nic, now);
+                // Sending armed a timer (the ACK timeout), perhaps earlier than the engine
+                // thread's sleep: while nobody polls, nothing else would run it, and a lost
+                // packet would never be retransmitted.
+                let last = self.last_poll.load(Ordering::Relaxed);
+                let polled = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
+                if posting && !polled {
+                    let due = self.nic.lock().poll_timeout();
+                    if due.is_some_and(|d| d < self.engine_sleeps_until.load(Ordering::Acquire)) {
+                        self.wake.signal();
+                    }
+                }
+            }
             Some(first) => {
                 drop(nic);
                 // A sleeping engine thread must learn the deadline of what is held.
