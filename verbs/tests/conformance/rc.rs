@@ -380,6 +380,10 @@ fn shared_bytes_refuse_remote_writes() {
 /// the application polled again, which a thread that posts and then waits elsewhere, or a
 /// message layer whose own timer thread is gone, never does.)
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test measures how long the retransmission took"
+)]
 fn a_lost_send_is_retransmitted_while_the_sender_does_not_poll() {
     if !common::on_soft() {
         return common::skip("retransmit_without_polling", "soft provider only");
