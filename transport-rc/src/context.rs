@@ -140,13 +140,12 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        // The background thread notices within one tick and exits on its own (joining it
-        // here would make every drop wait for the tick). The pack flusher is woken.
-        self.shared.stop.store(true, Ordering::Release);
-        {
-            let _st = self.shared.state.lock();
-            self.shared.pack_cond.notify_all();
-        }
+        // Endpoints and messages may outlive the last context handle, and they still need
+        // the background thread (keepalives, answering and finishing closes, timers). It
+        // exits on its own, within a tick, once nothing but the context's own threads
+        // holds the context and every endpoint is gone (joining it here would make every
+        // drop wait for the tick).
+        self.shared.handle_gone.store(true, Ordering::Release);
         drop(self.bg.lock().take());
     }
 }
@@ -255,6 +254,7 @@ impl Context {
             node: node.map(|n| n.inner),
             node_events: Mutex::new(std::collections::VecDeque::new()),
             xrc_lock: Mutex::new(()),
+            handle_gone: AtomicBool::new(false),
             batch_posts,
             context_id: random_u64(),
             start: Instant::now(),

@@ -3,6 +3,7 @@
 //! device events, path re-arming) and the pack flusher (packed frames of send batches go
 //! within `PACK_HOLD`).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -114,13 +115,29 @@ pub(crate) fn pack_flusher(sh: &Shared) {
     }
 }
 
+/// The context's own threads, which hold it too: the background thread and the pack
+/// flusher.
+const CONTEXT_THREADS: usize = 2;
+
 /// The background thread: progress when no application thread polls, keepalives, device
 /// events. It sleeps on the completion channel and never spins.
-pub(crate) fn background(sh: &Shared) {
+pub(crate) fn background(sh: &Arc<Shared>) {
     let tick = sh.keepalive_tick();
     let mut next_keepalive = Instant::now() + tick;
     let mut sleep;
     while !sh.stop.load(Ordering::Acquire) {
+        // Done once the application let go of everything: no context handle, no endpoint
+        // or message (only this thread and the pack flusher hold the context), and every
+        // endpoint closed and reaped. Until then endpoints keep their duties.
+        if sh.handle_gone.load(Ordering::Acquire)
+            && Arc::strong_count(sh) <= CONTEXT_THREADS
+            && sh.state.lock().eps.is_empty()
+        {
+            sh.stop.store(true, Ordering::Release);
+            let _st = sh.state.lock();
+            sh.pack_cond.notify_all();
+            break;
+        }
         // Sleep on the completion channel armed when no application thread is polling, or
         // when one is waiting for us to wake it.
         let idle = sh

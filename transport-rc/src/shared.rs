@@ -188,6 +188,9 @@ pub(crate) struct Shared {
     pub(crate) node_events: Mutex<VecDeque<rdmx_verbs::AsyncEvent>>,
     /// XRC: one connection exchange at a time per context (they share initiators).
     pub(crate) xrc_lock: Mutex<()>,
+    /// The last context handle was dropped (the background thread then ends once nothing
+    /// else holds the context).
+    pub(crate) handle_gone: AtomicBool,
     pub(crate) context_id: u64,
     pub(crate) start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.

@@ -585,3 +585,50 @@ fn packed_messages_hold_their_frame_until_the_last_is_dropped() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Threads of this process named `name` (from /proc/self/task/*/comm).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                .filter(|c| c.trim() == name)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_context_lives_while_its_endpoints_do_and_ends_after() {
+    // The context handles go first; the endpoints keep working (a close is answered and
+    // completes), and once they are gone too the context's threads end.
+    let before = threads_named("rdmx-progress");
+    let (a, ea, b, eb) = pair();
+    drop((a, b));
+    ea.send(b"after the handles").unwrap();
+    assert_eq!(
+        &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"after the handles"
+    );
+    let t = Instant::now();
+    ea.close().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "close took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        threads_named("rdmx-progress") >= before + 2,
+        "the threads ended early"
+    );
+    drop((ea, eb));
+    // Other tests of this binary run at the same time: wait for our two threads to go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while threads_named("rdmx-progress") > before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        threads_named("rdmx-progress") <= before,
+        "{} progress threads left (before: {before})",
+        threads_named("rdmx-progress")
+    );
+}

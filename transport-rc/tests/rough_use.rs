@@ -371,12 +371,11 @@ fn endpoints_outlive_their_context_handles() {
 }
 
 /// `close()` towards a peer that is alive and holds its endpoint, but dropped its
-/// `Context` handle and is not calling into rdmx at the moment: the close is never
-/// answered and times out after the peer timeout (2 s), where it takes milliseconds while
-/// the peer's context handle lives (the control half of this test).
+/// `Context` handle and is not calling into rdmx at the moment: the peer's background
+/// thread, which lives as long as its endpoints, answers in milliseconds, as it does
+/// while the handle lives (the control half of this test). It used to end with the
+/// handle, and the close timed out after the peer timeout (2 s).
 #[test]
-#[ignore = "reproduces bug: a peer without its Context handle never answers a Close \
-            unless its application happens to call in (no background progress)"]
 fn a_close_is_answered_after_the_peer_dropped_its_context_handle() {
     for keep in [true, false] {
         let (_c, cep, s, sep) = pair_with(builder);
@@ -450,13 +449,11 @@ fn dropping_an_endpoint_right_after_sending_loses_nothing() {
     );
 }
 
-/// The same with the context handle dropped too: the context's resources go about one
-/// background tick later, with the close unfinished and rendezvous sources the peer had
-/// not read yet; the peer loses those messages and sees `PeerUnreachable` / a transport
-/// error instead of `PeerClosed`.
+/// The same with the context handle dropped too: the background close still finishes
+/// (the peer reads every rendezvous source and sees `PeerClosed`), and only then does the
+/// context go. It used to go about one background tick after the handle, with the close
+/// unfinished: the peer lost those messages and saw a transport error.
 #[test]
-#[ignore = "reproduces bug: dropping endpoint and context right after sending loses \
-            rendezvous messages the peer had not read yet, and the close is not orderly"]
 fn dropping_endpoint_and_context_right_after_sending_loses_nothing() {
     let (sent, got, err) =
         drop_everything_after_sending(false, Duration::from_secs(2), Duration::from_millis(300));
@@ -551,13 +548,10 @@ fn a_killed_peer_is_detected() {
 
 /// The same, with this side's `Context` handle dropped after connecting (the endpoint is
 /// all the application keeps, which the docs allow: "endpoints keep what they need alive
-/// on their own"), and an idle peer. The receive never learns of the death: it times out
-/// after 10 peer timeouts, and a plain `recv()` would wait forever. (With a streaming peer
-/// it is a race: detected only when a credit write happened to be in flight at the kill,
-/// 2 runs in 6.)
+/// on their own"), and an idle peer. Keepalives go on, so the death is detected within
+/// the peer timeout. (Before, they stopped with the handle: the receive never learned of
+/// the death, and a plain `recv()` would have waited forever.)
 #[test]
-#[ignore = "reproduces bug: with the Context handle dropped, a dead peer is never detected \
-            (keepalives run only on the background thread, which stops with the handle)"]
 fn a_peer_killed_after_the_context_handle_was_dropped_is_detected() {
     let timeout = Duration::from_millis(400);
     let (err, took) = kill_peer(false, false, timeout);
