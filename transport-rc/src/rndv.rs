@@ -28,6 +28,7 @@ impl Shared {
                 }
             )
         });
+        let mut gap = Vec::new();
         if let Some(at) = at {
             if c.status == WcStatus::Success {
                 if let Some(Inbound::Rndv { done, .. }) = ep.inbox.get_mut(at) {
@@ -35,9 +36,12 @@ impl Shared {
                 }
             } else {
                 // The message never arrived: it must not be delivered with whatever its
-                // buffer held. The read is over, so the NIC no longer writes the buffer.
+                // buffer held (the read is over, so the NIC no longer writes the buffer),
+                // and neither may anything sent after it: what the application gets stays
+                // a prefix of the stream, and the endpoint's error comes where the gap is.
                 ep.inbox.remove(at);
                 ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+                gap = ep.inbox.drain(at..).collect();
             }
         }
         ep.inflight.retain(|(s, _)| *s != wrid::seq(c.wr_id));
@@ -49,12 +53,45 @@ impl Shared {
             if at.is_some() {
                 st.mark_ready(k);
             }
-        } else if c.status != WcStatus::WrFlushErr {
-            self.fail_qp(
-                st,
-                c.qp_num.0,
-                DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
-            );
+        } else {
+            if !gap.is_empty() {
+                self.discard_after_gap(st, k, gap);
+            }
+            if c.status != WcStatus::WrFlushErr {
+                self.fail_qp(
+                    st,
+                    c.qp_num.0,
+                    DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
+                );
+            }
+        }
+    }
+
+    /// Drops the inbox entries of endpoint `k` that came after a lost message, giving
+    /// their receive buffers back. A rendezvous read still in flight keeps its entry (and
+    /// destination buffer) until it ends, with a flush error since the queue pair failed;
+    /// its entry goes then.
+    fn discard_after_gap(&self, st: &mut State, k: usize, later: Vec<Inbound>) {
+        let mut keep = Vec::new();
+        for i in later {
+            match i {
+                Inbound::Msg { buf, .. } => self.recycle(st, buf),
+                Inbound::Packed { frame, .. } => self.release_frame(st, frame),
+                Inbound::Rndv {
+                    posted: true,
+                    done: false,
+                    ..
+                } => keep.push(i),
+                Inbound::Rndv { .. } => {
+                    if let Some(ep) = st.eps.get_mut(k) {
+                        ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
+                    }
+                }
+                Inbound::Closed => {}
+            }
+        }
+        if let Some(ep) = st.eps.get_mut(k) {
+            ep.inbox.extend(keep);
         }
     }
 
