@@ -1236,7 +1236,11 @@ fn accept_with_timeouts_and_silent_peers() {
     // both of its handles dropped it closes and goes.
     let deadline = Instant::now() + T;
     while server.endpoint_count() > 0 {
-        assert!(Instant::now() < deadline, "{} endpoints left", server.endpoint_count());
+        assert!(
+            Instant::now() < deadline,
+            "{} endpoints left",
+            server.endpoint_count()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
