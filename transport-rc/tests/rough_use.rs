@@ -439,8 +439,17 @@ fn drop_everything_after_sending(
 /// Control: the endpoint is dropped, its context handle kept.
 #[test]
 fn dropping_an_endpoint_right_after_sending_loses_nothing() {
-    let (sent, got, err) =
-        drop_everything_after_sending(true, Duration::from_secs(2), Duration::from_millis(300));
+    everything_arrives_then_an_orderly_close(true);
+}
+
+/// Drops the sending side (and its context handle unless `keep_context`) right after
+/// sending: the receiver, reading 300 ms later, gets every message and then `PeerClosed`.
+fn everything_arrives_then_an_orderly_close(keep_context: bool) {
+    let (sent, got, err) = drop_everything_after_sending(
+        keep_context,
+        Duration::from_secs(2),
+        Duration::from_millis(300),
+    );
     eprintln!("sent {sent}, received {got:?}, then {err}");
     assert_eq!(got, (0..sent).collect::<Vec<_>>(), "then {err}");
     assert!(
@@ -455,14 +464,7 @@ fn dropping_an_endpoint_right_after_sending_loses_nothing() {
 /// unfinished: the peer lost those messages and saw a transport error.
 #[test]
 fn dropping_endpoint_and_context_right_after_sending_loses_nothing() {
-    let (sent, got, err) =
-        drop_everything_after_sending(false, Duration::from_secs(2), Duration::from_millis(300));
-    eprintln!("sent {sent}, received {got:?}, then {err}");
-    assert_eq!(got, (0..sent).collect::<Vec<_>>(), "then {err}");
-    assert!(
-        matches!(err, Error::Disconnected(DisconnectCause::PeerClosed)),
-        "not an orderly close: {err}"
-    );
+    everything_arrives_then_an_orderly_close(false);
 }
 
 /// A receiver that reads too late (after the sender's close gave up, one peer timeout
