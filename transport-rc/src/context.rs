@@ -524,6 +524,11 @@ impl Listener {
     /// during the exchange gives an error (and is told why when possible); the listener stays
     /// usable.
     ///
+    /// An XRC context runs its exchanges one at a time. When another one (this context's own
+    /// connect, say) does not finish within 20 ms, the peer is asked to connect again
+    /// (`bootstrap::REJECT_BUSY`) and this call goes on to the next connection, so that two
+    /// contexts connecting to each other at once do not wait for each other.
+    ///
     /// # Errors
     /// `Bootstrap` for a failed exchange, `Verbs` for queue pair set-up failures.
     pub fn accept(&self) -> Result<Endpoint> {
