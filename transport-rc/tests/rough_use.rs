@@ -71,6 +71,28 @@ fn msg(who: u8, seq: u32, len: usize) -> Vec<u8> {
 }
 
 /// Checks a message built by [`msg`]; returns `(who, seq)`.
+/// Receives with `recv` until `got` (shared by the receivers) reaches `total`; returns
+/// what this receiver saw, in order.
+fn receive_until(
+    got: &AtomicUsize,
+    total: usize,
+    start: Instant,
+    recv: impl Fn(Duration) -> rdmx_core::Result<rdmx_rc::Message>,
+) -> Vec<(u8, u32)> {
+    let mut seen = Vec::new();
+    while got.load(Ordering::Acquire) < total {
+        match recv(Duration::from_millis(50)) {
+            Ok(m) => {
+                seen.push(parse(&m));
+                got.fetch_add(1, Ordering::AcqRel);
+            }
+            Err(Error::Timeout(_)) => assert!(start.elapsed() < T * 3, "stuck"),
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+    seen
+}
+
 fn parse(m: &[u8]) -> (u8, u32) {
     assert!(m.len() >= 5, "message of {} bytes", m.len());
     let who = m[0];
@@ -154,36 +176,14 @@ fn many_threads_send_and_receive_on_one_endpoint() {
         let sep = Arc::clone(&sep);
         let got = Arc::clone(&got);
         receivers.push(std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            while got.load(Ordering::Acquire) < total {
-                match sep.recv_timeout(Duration::from_millis(50)) {
-                    Ok(m) => {
-                        seen.push(parse(&m));
-                        got.fetch_add(1, Ordering::AcqRel);
-                    }
-                    Err(Error::Timeout(_)) => assert!(start.elapsed() < T * 3, "stuck"),
-                    Err(e) => panic!("recv: {e}"),
-                }
-            }
-            seen
+            receive_until(&got, total, start, |t| sep.recv_timeout(t))
         }));
     }
     {
         let sctx = sctx.clone();
         let got = Arc::clone(&got);
         receivers.push(std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            while got.load(Ordering::Acquire) < total {
-                match sctx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(m) => {
-                        seen.push(parse(&m));
-                        got.fetch_add(1, Ordering::AcqRel);
-                    }
-                    Err(Error::Timeout(_)) => assert!(start.elapsed() < T * 3, "stuck"),
-                    Err(e) => panic!("context recv: {e}"),
-                }
-            }
-            seen
+            receive_until(&got, total, start, |t| sctx.recv_timeout(t))
         }));
     }
     for s in senders {
