@@ -291,6 +291,7 @@ pub(crate) fn register(
         in_ready: false,
         close_event_due: false,
         peer_mailbox: (0, 0),
+        peer_context: 0,
         mailbox_off,
         mailbox_seen: Mailbox::default(),
         peer_eager_limit: 0,
@@ -340,6 +341,7 @@ pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
             ep.status = Status::Open;
         }
         ep.peer_tag = peer.tag as u16;
+        ep.peer_context = peer.context_id;
         if sh.node.is_some() {
             ep.remote_srqn = peer.srq_nums.first().copied();
         }
@@ -520,7 +522,7 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
             ep.keepalive_at = Some(now);
         }
     }
-    crate::recall::tick(sh, st, now, sh.keepalive_tick(), true);
+    crate::recall::tick(sh, st, now);
     for k in expired {
         sh.fail(
             st,

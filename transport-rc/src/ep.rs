@@ -23,14 +23,14 @@ pub(crate) struct RecallState {
     pub(crate) starving: bool,
     /// Since when we have been out of credits with something to send.
     pub(crate) starved_since: Option<Instant>,
+    /// When a message took our last credit (the peer may not grant more unless asked).
+    pub(crate) emptied_at: Option<Instant>,
     /// The peer's `returned` counter already applied to our receive window.
     pub(crate) returned_seen: u32,
     /// The peer's `recall` counter already answered.
     pub(crate) requested_seen: u32,
     /// When we last asked the peer (one request per tick).
     pub(crate) asked_at: Option<Instant>,
-    /// Our send counter at the previous tick (unchanged: we have been idle since).
-    pub(crate) sent_at_tick: u32,
 }
 
 /// Where an endpoint is in its life.
@@ -128,6 +128,9 @@ pub(crate) struct Ep {
     pub(crate) recv_qpn: u32,
     /// XRC: the peer context's receive queue.
     pub(crate) remote_srqn: Option<u32>,
+    /// The peer's context (its random identifier): our endpoints with the same one use
+    /// credits of the same receive buffers.
+    pub(crate) peer_context: u64,
     /// The peer's number for this endpoint (the header tag of everything we send).
     pub(crate) peer_tag: u16,
     pub(crate) status: Status,
@@ -260,6 +263,12 @@ impl Ep {
 
     pub(crate) fn is_open(&self) -> bool {
         self.status == Status::Open
+    }
+
+    /// A send on this endpoint waits for a credit, or a packed frame waits to go: the
+    /// credits it holds are about to be used.
+    pub(crate) fn waits_to_send(&self) -> bool {
+        self.recall.starved_since.is_some() || self.pack.is_some()
     }
 
     pub(crate) fn down_cause(&self) -> Option<DisconnectCause> {

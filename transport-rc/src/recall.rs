@@ -5,13 +5,21 @@
 //! else can use: with many endpoints, a newcomer (or a busy endpoint) could wait forever.
 //!
 //! A sender that has a message and no credit says so: it sets `starving` in its recall word
-//! in our slot (and clears it once it has a credit again). On the background tick, a
-//! context that sees a starving peer puts that endpoint at the front of the queue for
-//! grants and, when no buffer is spare, asks idle peers (those that sent nothing during the
-//! last tick) to give credits back: all but one from peers holding more than one, so their
-//! next message still goes out at once. A peer that has not sent anything since its previous
-//! tick answers by treating those credits as used and telling us so; we count them as
-//! received without a buffer, which frees them for the endpoint that waits.
+//! in our slot (and clears it once it has a credit again). A context that sees a starving
+//! peer (at a scan, below) puts that endpoint at the front of the queue for grants and, when
+//! no buffer is spare, asks idle peers (none of their messages arrived for
+//! [`PRESSURE_IDLE`]) to give credits back: all but one from peers holding more than one,
+//! so their next message still goes out at once. A peer with nothing waiting to be sent
+//! answers by treating those credits as used and telling us so; we count them as received
+//! without a buffer, which frees them for the endpoint that waits.
+//!
+//! **Lending.** The starving endpoint's own context knows first. When its other endpoints
+//! to the same peer context hold credits and have nothing to send, one of them gives its
+//! credits back unasked, as a signal (below), which makes the peer look at the flags at
+//! once and grant the freed buffer to the starving endpoint ([`lend_idle`]). This is what
+//! keeps a server that answers many clients from one thread going when the clients have
+//! fewer buffers than requests in flight: without it, every answer whose endpoint had no
+//! credit waited for the clients' context to notice the flag and recall, two scans apart.
 //!
 //! With more endpoints than posted buffers, every buffer can back the single credit of some
 //! idle endpoint, and keeping one each frees nothing (1,000 endpoints over 512 buffers did
@@ -26,16 +34,19 @@
 //! (an 8-byte RDMA WRITE; no receive buffer involved).
 //!
 //! **Signals.** A plain write raises no completion, so the peer would act on a request or an
-//! answer only at its next background tick (100 ms), and a starving sender waited for two
-//! ticks. When the writer holds a credit for the peer, a request or an answer is sent as an
+//! answer only at its next scan, and a starving sender waited for two of them. When the writer holds a credit for the peer, a request or an answer is sent as an
 //! RDMA WRITE *with immediate* instead ([`Signal`]): the word lands, then a completion
 //! wakes the peer, which acts at once. The signal uses one receive buffer, paid with one of
 //! the writer's credits like any message: an answer gives back all its credits but the one
 //! the signal spends, which the receiver frees as it reposts the buffer. Without a credit the
-//! plain write remains, and the tick picks it up. The starving flag itself cannot be
-//! signalled (its writer has no credit by definition): a context whose buffers are all
-//! promised while some endpoint has none looks at the flags every [`WATCH_SCAN`], backing
-//! off to the tick while it receives nothing and nobody starves.
+//! plain write remains, and the next scan picks it up.
+//!
+//! **Scans.** The starving flag itself cannot be signalled (its writer has no credit by
+//! definition), so the flags are looked at: on the background tick, every [`PRESSURE_SCAN`]
+//! while a peer starves, and every [`WATCH_SCAN`] while every posted buffer is promised and
+//! some endpoint is below its window (backing off to the tick while the context receives
+//! nothing and nobody starves). A scan answers the peers' requests too. Whichever thread
+//! makes progress does the scans that are due (`Shared::after`).
 
 use std::time::{Duration, Instant};
 
@@ -125,9 +136,10 @@ fn apply_returned(sh: &Shared, st: &mut State, k: usize, theirs: Recall) -> u64 
     back
 }
 
-/// Answers a new recall request from the peer of endpoint `k`: if we sent nothing on it
-/// since the previous tick (`idle_sender`), give back what it asks for, signalling when we
-/// can.
+/// Answers a new recall request from the peer of endpoint `k`: unless a message of ours
+/// waits to be sent on it (`idle_sender` false), give back what it asks for, signalling
+/// when we can. (The peer asked because none of our messages arrived for
+/// [`PRESSURE_IDLE`].)
 fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bool) {
     let Some(ep) = st.eps.get_mut(k) else {
         return;
@@ -154,6 +166,63 @@ fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bo
     write_recall_as(st, k, Some(Signal::RecallReturned));
 }
 
+/// Endpoint `k` starves: give credits for the same peer context back from another endpoint
+/// that has nothing to send, so that the peer can grant them to `k` at once.
+///
+/// The credits of all our endpoints to one peer context are buffers of that context. With
+/// more endpoints than it has buffers, they can all be held by endpoints of ours that have
+/// nothing to send (a client waiting for an answer to a request it could not send yet),
+/// while a thread blocks in `send` on `k`. Its recall would get them back only once it
+/// noticed `k`'s starving flag (a plain write, found at its next scan), and then by asking
+/// us: a round trip and two scans. We know first, and the returned credits arrive as a
+/// signal, which makes the peer look at the flags at once ([`on_signal`]). The starving
+/// flag was written before, on `k`'s queue pair.
+///
+/// The donor keeps one credit if it has more (its next message still goes at once), and
+/// gives its last one otherwise. Only one donor per starving episode: `k` needs one credit.
+pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
+    let Some(peer) = st.eps.get(k).map(|ep| ep.peer_context) else {
+        return;
+    };
+    // Grants written into our mailbox are read only when an endpoint runs out: read them
+    // for the candidates.
+    let candidates: Vec<usize> = st
+        .eps
+        .iter()
+        .filter(|&(j, ep)| j != k && ep.peer_context == peer && ep.is_open() && !ep.waits_to_send())
+        .map(|(j, _)| j)
+        .collect();
+    for j in candidates {
+        sh.read_mailbox(st, j);
+    }
+    let donor = st
+        .eps
+        .iter()
+        .filter(|&(j, ep)| {
+            j != k
+                && ep.peer_context == peer
+                && ep.is_open()
+                && !ep.waits_to_send()
+                && ep.send.available() > 0
+        })
+        .max_by_key(|(_, ep)| ep.send.available())
+        .map(|(j, _)| j);
+    let Some(j) = donor else {
+        return;
+    };
+    let Some(ep) = st.eps.get_mut(j) else {
+        return;
+    };
+    let avail = ep.send.available();
+    let keep = u32::from(avail > 1);
+    // One of the credits given back pays for the signal (the peer frees its buffer).
+    let give = avail - keep - 1;
+    ep.send.sent = ep.send.sent.wrapping_add(give);
+    ep.recall.returned_out = ep.recall.returned_out.wrapping_add(give);
+    st.stats.credits_lent += u64::from(give) + 1;
+    write_recall_as(st, j, Some(Signal::RecallReturned));
+}
+
 /// A recall signal arrived on endpoint `k`: act on the peer's word now. `returned`: the
 /// peer gave credits back ([`Signal::RecallReturned`]); otherwise it asked for some
 /// ([`Signal::RecallRequest`]).
@@ -162,14 +231,14 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
         return;
     };
     if returned {
-        if apply_returned(sh, st, k, theirs) > 0 {
-            sh.wake_all();
-        }
+        apply_returned(sh, st, k, theirs);
+        // The peer may have given these back (at least the credit the signal used) for
+        // another of its endpoints that starves (see [`lend_idle`]): look at the flags now,
+        // so that it is first in line.
+        tick(sh, st, Instant::now());
+        sh.wake_all();
     } else {
-        let idle_sender = st
-            .eps
-            .get(k)
-            .is_some_and(|ep| ep.send.sent == ep.recall.sent_at_tick);
+        let idle_sender = st.eps.get(k).is_some_and(|ep| !ep.waits_to_send());
         answer(sh, st, k, theirs, idle_sender);
     }
 }
@@ -179,18 +248,17 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
 /// signal with) are then seen within this long.
 pub(crate) const PRESSURE_SCAN: Duration = Duration::from_millis(5);
 
-/// The background tick: answer the peers' recall requests, apply the credits they gave back,
-/// and take credits from idle peers for starving ones. With `answer_requests` false (the
-/// quicker scans, see [`PRESSURE_SCAN`] and [`WATCH_SCAN`]), requests from peers are left
-/// for the next full tick or their signal: whether we are idle is judged against the
-/// previous full tick.
-pub(crate) fn tick(
-    sh: &Shared,
-    st: &mut State,
-    now: Instant,
-    idle_for: Duration,
-    answer_requests: bool,
-) {
+/// How long no message may have arrived from a peer for its credits to be recalled for a
+/// starving one (and between two requests to the same peer). A peer that has a message
+/// waiting keeps its credits anyway; one that sends now and then loses them only while
+/// another starves, and gets new ones by starving in turn.
+pub(crate) const PRESSURE_IDLE: Duration = Duration::from_millis(5);
+
+/// A look at the peers' recall words (on the background tick, the quicker scans of
+/// [`PRESSURE_SCAN`] and [`WATCH_SCAN`], and when a peer gives credits back): answer their
+/// requests, apply the credits they gave back, and take credits from idle peers for
+/// starving ones.
+pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
@@ -212,12 +280,7 @@ pub(crate) fn tick(
         if theirs.starving && ep.recv.outstanding() == 0 {
             starving.push(k);
         }
-        if !answer_requests {
-            continue;
-        }
-        // Idle means: nothing sent on this endpoint since the previous tick.
-        let idle_sender = ep.send.sent == ep.recall.sent_at_tick;
-        ep.recall.sent_at_tick = ep.send.sent;
+        let idle_sender = !ep.waits_to_send();
         answer(sh, st, k, theirs, idle_sender);
     }
     // Scan again soon while a peer starves, and now and then while every buffer is promised
@@ -233,15 +296,15 @@ pub(crate) fn tick(
     // every buffer promised (1,000 idle endpoints on 512 buffers) does not keep waking up
     // every 10 ms.
     let active = st.recv_seen != st.recv_at_watch;
-    st.recv_at_watch = st.recv_seen;
     st.recall_watch_every = if !watch || !st.recall_watch || st.recall_pressure || active {
         WATCH_SCAN
     } else {
-        (st.recall_watch_every * 2).min(idle_for)
+        (st.recall_watch_every * 2).min(sh.keepalive_tick())
     };
+    st.recv_at_watch = st.recv_seen;
     st.recall_watch = watch;
     if !starving.is_empty() {
-        feed_starving(sh, st, &keys, &starving, now, idle_for, &mut freed);
+        feed_starving(sh, st, &keys, &starving, now, &mut freed);
     }
     if freed > 0 {
         sh.after(st);
@@ -257,7 +320,6 @@ fn feed_starving(
     keys: &[usize],
     starving: &[usize],
     now: Instant,
-    idle_for: Duration,
     freed: &mut u64,
 ) {
     for &k in starving.iter().rev() {
@@ -275,7 +337,8 @@ fn feed_starving(
     if waiting == 0 || st.budget.spare() > 0 {
         return;
     }
-    let is_idle = |ep: &crate::ep::Ep| ep.is_open() && now.duration_since(ep.last_rx) >= idle_for;
+    let is_idle =
+        |ep: &crate::ep::Ep| ep.is_open() && now.duration_since(ep.last_rx) >= PRESSURE_IDLE;
     // Grants not told to the peer yet are ours to take back without asking.
     let mut untold = 0u64;
     for &k in keys {
@@ -300,7 +363,7 @@ fn feed_starving(
         .iter()
         .filter_map(|&k| {
             let ep = st.eps.get(k)?;
-            let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < idle_for);
+            let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < PRESSURE_IDLE);
             (is_idle(ep) && !asked_recently && ep.recv.outstanding() > 0)
                 .then(|| (k, ep.recv.outstanding(), ep.last_rx))
         })

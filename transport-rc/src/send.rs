@@ -22,8 +22,9 @@ const PACK_MAX: usize = 4096 - HEADER_LEN;
 /// The longest a packed frame stays open: the pack flusher posts it then, if nothing else
 /// did (the bound the soft device keeps for the sends a batch holds).
 pub(crate) const PACK_HOLD: Duration = Duration::from_millis(1);
-/// How long a sender waits for a credit before it tells the peer it is starving (a grant is
-/// normally back within a round trip; the flag costs two mailbox writes per episode).
+/// How long after its last credit went a sender that waits for one tells the peer it is
+/// starving (a grant is normally back within a round trip; the flag costs two mailbox writes
+/// per episode).
 const STARVING_AFTER: Duration = Duration::from_millis(1);
 
 /// How a send is carried.
@@ -49,6 +50,14 @@ impl Payload<'_> {
             Self::Buf(b) => b,
             Self::Shared(b) => b,
         }
+    }
+}
+
+/// Takes a credit for a message, noting when the last one goes (see `STARVING_AFTER`).
+fn spend_credit(ep: &mut Ep) {
+    ep.send.take();
+    if ep.send.available() == 0 {
+        ep.recall.emptied_at = Some(Instant::now());
     }
 }
 
@@ -99,10 +108,17 @@ impl Shared {
             // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
             // without one, tell the peer (once) that we wait (see `recall.rs`).
             let now = Instant::now();
-            let since = *ep.recall.starved_since.get_or_insert(now);
+            let waits_since = *ep.recall.starved_since.get_or_insert(now);
+            // Counted from when the last credit went: an endpoint that used it long ago
+            // (a server answering the next request) gets no grant unless it asks.
+            let since = ep
+                .recall
+                .emptied_at
+                .map_or(waits_since, |t| t.min(waits_since));
             if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
                 ep.recall.starving = true;
                 crate::recall::write_recall(st, k);
+                crate::recall::lend_idle(self, st, k);
             }
             return Ok(Some(payload));
         }
@@ -137,7 +153,7 @@ impl Shared {
             };
             hdr.write(frame);
             frame[HEADER_LEN..].copy_from_slice(payload.bytes());
-            ep.send.take();
+            spend_credit(ep);
             post_on(
                 ep,
                 WrOpcode::Send,
@@ -163,7 +179,7 @@ impl Shared {
             ep.rndv_in_adv = ep.rndv_in_done;
             hdr.write(&mut b);
             b[HEADER_LEN..].copy_from_slice(payload.bytes());
-            ep.send.take();
+            spend_credit(ep);
             post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
             st.stats.sent_eager += 1;
             tracing::trace!(
@@ -223,7 +239,7 @@ impl Shared {
             rkey: src_rkey,
         }
         .write(&mut frame);
-        ep.send.take();
+        spend_credit(ep);
         post_on(
             ep,
             WrOpcode::Send,
@@ -287,7 +303,7 @@ impl Shared {
         if b.set_len(end).is_err() || PackedEntries::append(&mut b, HEADER_LEN, data).is_none() {
             return Ok(false);
         }
-        ep.send.take();
+        spend_credit(ep);
         ep.pack = Some(b);
         st.packs.push(k);
         st.stats.sent_packed += 1;

@@ -60,6 +60,9 @@ pub struct Stats {
     pub protocol_errors: u64,
     /// Credits idle peers gave back on request (credit recall).
     pub credits_recalled: u64,
+    /// Credits given back unasked by idle endpoints while another endpoint to the same
+    /// peer context starved (so that the peer grants them to it).
+    pub credits_lent: u64,
     /// Recall requests and answers sent as signals (RDMA WRITE with immediate), which the
     /// peer acts on at once instead of at its next tick.
     pub recall_signals: u64,
@@ -254,11 +257,14 @@ impl Shared {
         if !st.packs.is_empty() {
             self.flush_packs(st);
         }
-        // While every buffer is promised (or a peer starves), a thread that makes progress
-        // anyway also looks at the starving flags, every WATCH_SCAN (PRESSURE_SCAN): the
-        // background thread backs off to its tick while nothing arrives, and a newcomer
-        // with no credit would wait for it.
-        if st.recall_watch || st.recall_pressure {
+        // While every buffer is promised and some endpoint is below its window (or a peer
+        // starves), a thread that makes progress anyway also looks at the starving flags,
+        // every WATCH_SCAN (PRESSURE_SCAN): the background thread backs off to its tick
+        // while nothing arrives, and a newcomer with no credit would wait for it. (The
+        // condition is checked here too, not only at the scans that set `recall_watch`: a
+        // context whose last buffer was just promised must not wait for a tick to start.)
+        let scarce = st.budget.spare() == 0 && !st.needy.is_empty();
+        if st.recall_watch || st.recall_pressure || scarce {
             let now = Instant::now();
             let every = if st.recall_pressure {
                 crate::recall::PRESSURE_SCAN
@@ -270,7 +276,7 @@ impl Shared {
                 .is_none_or(|t| now.duration_since(t) >= every)
             {
                 st.recall_scanned_at = Some(now);
-                crate::recall::tick(self, st, now, self.keepalive_tick(), false);
+                crate::recall::tick(self, st, now);
             }
         }
         if self.batch_posts {
