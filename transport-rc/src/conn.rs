@@ -288,6 +288,8 @@ pub(crate) fn register(
         send: SendWindow::new(0),
         recv,
         in_needy: false,
+        cond: Arc::default(),
+        sleepers: 0,
         in_ready: false,
         close_event_due: false,
         peer_mailbox: (0, 0),

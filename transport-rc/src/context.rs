@@ -16,7 +16,7 @@ use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
 use rdmx_verbs::{AccessFlags, Device, DeviceOptions, NicCounters, SrqInitAttr};
 
 use crate::endpoint::Endpoint;
-use crate::progress::wait_until;
+use crate::progress::{Wait, wait_until};
 use crate::shared::{Shared, State, Stats};
 use crate::xrc::Node;
 
@@ -343,12 +343,15 @@ impl Context {
     /// `PoolCapacity` when `len` can never fit; `Timeout` when no buffer came back in time.
     pub fn alloc(&self, len: usize) -> Result<Buf> {
         let sh = self.shared();
-        wait_until(sh, Some(sh.cfg.connect_timeout), |_| {
-            match sh.pool.try_alloc(len) {
+        wait_until(
+            sh,
+            Wait::CONTEXT,
+            Some(sh.cfg.connect_timeout),
+            |_| match sh.pool.try_alloc(len) {
                 Err(Error::WouldBlock) => None,
                 r => Some(r),
-            }
-        })
+            },
+        )
     }
 
     /// A buffer from the registered pool, or `WouldBlock` when the pool is at its cap.
@@ -396,7 +399,10 @@ impl Context {
     /// Waits up to `timeout` for the next event.
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
         let sh = self.shared();
-        wait_until(sh, Some(timeout), |st| st.events.pop_front().map(Ok)).ok()
+        wait_until(sh, Wait::CONTEXT, Some(timeout), |st| {
+            st.events.pop_front().map(Ok)
+        })
+        .ok()
     }
 
     /// Counters of the message layer.

@@ -12,7 +12,7 @@ use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcod
 
 use crate::context::Context;
 use crate::ep::{Inbound, OpSource, Status};
-use crate::progress::wait_until;
+use crate::progress::{Wait, wait_until};
 use crate::send::Payload;
 use crate::shared::{Shared, State};
 
@@ -201,7 +201,7 @@ impl Endpoint {
             }
         }
         let mut slot = Some(p);
-        wait_until(sh, timeout, |st| {
+        wait_until(sh, Wait::endpoint(self.key), timeout, |st| {
             let p = slot.take()?;
             match sh.try_send(st, self.key, p) {
                 Ok(None) => Some(Ok(())),
@@ -347,7 +347,9 @@ impl Endpoint {
     /// `Disconnected` once the peer closed (after every message it sent was received) or
     /// the endpoint failed.
     pub fn recv(&self) -> Result<Message> {
-        wait_until(&self.sh, None, |st| self.take_message(st))
+        wait_until(&self.sh, Wait::message(self.key), None, |st| {
+            self.take_message(st)
+        })
     }
 
     /// [`recv`](Self::recv) giving up after `timeout`.
@@ -355,7 +357,9 @@ impl Endpoint {
     /// # Errors
     /// As `recv`, plus `Timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        wait_until(&self.sh, Some(timeout), |st| self.take_message(st))
+        wait_until(&self.sh, Wait::message(self.key), Some(timeout), |st| {
+            self.take_message(st)
+        })
     }
 
     /// The next message if one is there now.
@@ -392,10 +396,15 @@ impl Endpoint {
             st.reap_pending = true;
             self.sh.after(&mut st);
         }
-        let r = wait_until(&self.sh, Some(timeout), |st| match st.eps.get(self.key) {
-            None => Some(Ok(())),
-            Some(ep) => ep.down_cause().map(|_| Ok(())),
-        });
+        let r = wait_until(
+            &self.sh,
+            Wait::message(self.key),
+            Some(timeout),
+            |st| match st.eps.get(self.key) {
+                None => Some(Ok(())),
+                Some(ep) => ep.down_cause().map(|_| Ok(())),
+            },
+        );
         if r.is_err() {
             let mut st = self.sh.state.lock();
             self.sh.fail(&mut st, self.key, DisconnectCause::LocalClose);
@@ -409,7 +418,7 @@ impl Endpoint {
         let sh = &*self.sh;
         let mut local = Some(local);
         let mut seq = None;
-        wait_until(sh, None, |st| {
+        wait_until(sh, Wait::endpoint(self.key), None, |st| {
             if seq.is_none() {
                 let l = local.take()?;
                 match sh.post_op(st, self.key, op, l) {

@@ -145,6 +145,11 @@ pub(crate) struct Ep {
     pub(crate) send: SendWindow,
     pub(crate) recv: RecvWindow,
     pub(crate) in_needy: bool,
+    /// Threads sleeping until something happens on this endpoint (see
+    /// `progress::wait_until`), and what wakes them: completions and state changes of this
+    /// endpoint notify only them, not every thread waiting on the context.
+    pub(crate) cond: Arc<parking_lot::Condvar>,
+    pub(crate) sleepers: u32,
     /// Queued in the context's ready queue (see `inbox.rs`).
     pub(crate) in_ready: bool,
     /// Closed in order with messages still queued: the `Disconnected` event waits for the

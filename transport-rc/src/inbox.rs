@@ -27,7 +27,7 @@ use rdmx_core::{DisconnectCause, Error, Event, Result};
 use crate::context::Context;
 use crate::endpoint::{Body, Message};
 use crate::ep::Inbound;
-use crate::progress::wait_until;
+use crate::progress::{Wait, wait_until};
 use crate::shared::{Shared, State};
 use rdmx_core::header::PackedEntries;
 
@@ -143,7 +143,7 @@ impl Context {
     /// [`try_recv`](Self::try_recv) do return errors.)
     pub fn recv(&self) -> Result<Message> {
         let sh = self.shared();
-        wait_until(sh, None, |st| sh.take_any(st).map(Ok))
+        wait_until(sh, Wait::ANY_MESSAGE, None, |st| sh.take_any(st).map(Ok))
     }
 
     /// [`recv`](Self::recv) giving up after `timeout`.
@@ -152,7 +152,9 @@ impl Context {
     /// `Timeout` when no endpoint had a message in time.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
         let sh = self.shared();
-        wait_until(sh, Some(timeout), |st| sh.take_any(st).map(Ok))
+        wait_until(sh, Wait::ANY_MESSAGE, Some(timeout), |st| {
+            sh.take_any(st).map(Ok)
+        })
     }
 
     /// The next message of any endpoint if one is there now (after one round of

@@ -15,12 +15,68 @@ use crate::shared::{Shared, State};
 /// Polls between two looks at the clock while spinning.
 const CLOCK_EVERY: u32 = 16;
 
+/// The longest sleep of a wait that polls for something no completion announces (credits
+/// written into the mailbox, pool buffers, send-queue slots).
+const POLLED_SLEEP: Duration = Duration::from_millis(5);
+
+/// The longest sleep of a wait whose thread is woken when what it waits for happens (a
+/// message, an endpoint going down): only a safety net, so that a thousand threads blocked
+/// in `recv` do not wake up 200,000 times a second between them.
+const NOTIFIED_SLEEP: Duration = Duration::from_secs(1);
+
+/// What a blocking call waits for: which condition variable it sleeps on (its endpoint's,
+/// or the context's), and whether a notification is sure to wake it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    on: Option<usize>,
+    notified: bool,
+}
+
+impl Wait {
+    /// A message (or the end) on endpoint `k`: every arrival, completed read and state
+    /// change of the endpoint notifies.
+    pub(crate) fn message(k: usize) -> Self {
+        Self {
+            on: Some(k),
+            notified: true,
+        }
+    }
+
+    /// Something else of endpoint `k` (a credit, a send slot, an operation's completion),
+    /// looked for again after each bounded sleep.
+    pub(crate) fn endpoint(k: usize) -> Self {
+        Self {
+            on: Some(k),
+            notified: false,
+        }
+    }
+
+    /// A message of any endpoint of the context (made ready by a completion, which wakes
+    /// the context's sleepers).
+    pub(crate) const ANY_MESSAGE: Self = Self {
+        on: None,
+        notified: true,
+    };
+
+    /// Anything else of the context (events, pool buffers).
+    pub(crate) const CONTEXT: Self = Self {
+        on: None,
+        notified: false,
+    };
+}
+
 /// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
-/// sleeps on the context's condition variable (the background thread, or any thread that
-/// makes progress, wakes it). `timeout = None` waits forever; the busy-poll time and the
-/// timeout count from the first look that fails.
+/// sleeps (the background thread, or any thread that makes progress, wakes it).
+/// `timeout = None` waits forever; the busy-poll time and the timeout count from the first
+/// look that fails.
+///
+/// A wait for something of one endpoint ([`Wait::message`], [`Wait::endpoint`]) sleeps on
+/// that endpoint's condition variable, which only what happens on that endpoint notifies
+/// (`Shared::touch`); other waits sleep on the context's. A thousand threads blocked on
+/// their own endpoints are then not all woken by every completion of the context.
 pub(crate) fn wait_until<T>(
     sh: &Shared,
+    wait: Wait,
     timeout: Option<Duration>,
     mut f: impl FnMut(&mut State) -> Option<Result<T>>,
 ) -> Result<T> {
@@ -28,7 +84,13 @@ pub(crate) fn wait_until<T>(
     // once reads it only for the poll stamp): at a million messages a second, each read
     // (~22 ns here) is a percent of the time. Spin time and timeout count from there.
     let mut start: Option<Instant> = None;
-    let mut sleep = Duration::from_micros(100);
+    // A notified wait sleeps until it is woken; a polled one looks again after 100 µs, then
+    // less and less often.
+    let mut sleep = if wait.notified {
+        NOTIFIED_SLEEP
+    } else {
+        Duration::from_micros(100)
+    };
     // Reading the clock costs about as much as an empty poll here, so the spin looks at it
     // only every few polls.
     let mut polls = 0u32;
@@ -78,9 +140,33 @@ pub(crate) fn wait_until<T>(
                 // processes packets while we sleep.
                 sh.vctx.yield_polling();
                 sh.sleepers.fetch_add(1, Ordering::AcqRel);
-                sh.cond.wait_for(&mut st, t);
+                // (The endpoint's id tells whether its slot still holds it afterwards.)
+                let on = wait.on;
+                let own = on.and_then(|k| st.eps.get_mut(k)).map(|ep| {
+                    ep.sleepers += 1;
+                    (ep.id, Arc::clone(&ep.cond))
+                });
+                match &own {
+                    Some((_, cond)) => {
+                        cond.wait_for(&mut st, t);
+                    }
+                    None => {
+                        sh.cond.wait_for(&mut st, t);
+                    }
+                }
+                if let Some((id, _)) = own
+                    && let Some(ep) = on.and_then(|k| st.eps.get_mut(k))
+                    && ep.id == id
+                {
+                    ep.sleepers -= 1;
+                }
                 sh.sleepers.fetch_sub(1, Ordering::AcqRel);
-                sleep = (sleep * 2).min(Duration::from_millis(5));
+                let cap = if wait.notified {
+                    NOTIFIED_SLEEP
+                } else {
+                    POLLED_SLEEP
+                };
+                sleep = (sleep * 2).min(cap);
                 continue;
             }
         }
@@ -275,6 +361,12 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
         AsyncEvent::QpFatal(qpn)
         | AsyncEvent::QpAccessError(qpn)
         | AsyncEvent::QpRequestError(qpn) => {
+            // The completion that says why (retries exhausted: the peer is unreachable)
+            // came before the event: take it first, so that the endpoint goes down with
+            // that cause rather than this generic one.
+            if sh.progress(st) > 0 {
+                sh.wake_all();
+            }
             if let Some(&k) = st.by_qpn.get(&qpn.0) {
                 sh.fail(
                     st,

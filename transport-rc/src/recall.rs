@@ -205,7 +205,7 @@ pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
                 && !ep.waits_to_send()
                 && ep.send.available() > 0
         })
-        .max_by_key(|(_, ep)| ep.send.available())
+        .max_by_key(|(_, ep)| (ep.inbox.is_empty(), ep.send.available()))
         .map(|(j, _)| j);
     let Some(j) = donor else {
         return;

@@ -217,6 +217,17 @@ impl Shared {
         self.notify.notify_waiters();
     }
 
+    /// Wakes the threads sleeping on endpoint `k` (something happened there: a message, a
+    /// completion, credits, a state change). Threads waiting on the context as a whole are
+    /// woken by [`wake_all`](Self::wake_all).
+    pub(crate) fn touch(st: &State, k: usize) {
+        if let Some(ep) = st.eps.get(k)
+            && ep.sleepers > 0
+        {
+            ep.cond.notify_all();
+        }
+    }
+
     /// The background thread's tick (keepalives, credit recall).
     pub(crate) fn keepalive_tick(&self) -> Duration {
         (self.cfg.peer_timeout / 4).min(Duration::from_millis(100))
@@ -327,6 +338,7 @@ impl Shared {
             self.repost(st, buf);
             return;
         };
+        Self::touch(st, k);
         let credited = Self::take_credit(st, k);
         self.repost(st, buf);
         if !credited {
@@ -416,6 +428,7 @@ impl Shared {
             }
         };
         let Some(k) = key else { return };
+        Self::touch(st, k);
         // The peer used one of our credits.
         let credited = {
             let ep = &mut st.eps[k];
@@ -523,6 +536,7 @@ impl Shared {
 
     fn on_send(&self, st: &mut State, c: &WorkCompletion) {
         let k = wrid::key(c.wr_id);
+        Self::touch(st, k);
         let seq = wrid::seq(c.wr_id);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if ep.qpn != c.qp_num.0 {

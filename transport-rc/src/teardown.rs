@@ -21,6 +21,9 @@ impl Shared {
             return;
         }
         tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
+        if ep.sleepers > 0 {
+            ep.cond.notify_all();
+        }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
         // by `fail_qp` when it breaks).
@@ -114,6 +117,9 @@ impl Shared {
                 && ep.signaled_out == 0
             {
                 ep.status = Status::Down(DisconnectCause::PeerClosed);
+                if ep.sleepers > 0 {
+                    ep.cond.notify_all();
+                }
                 // The event comes after the last message the peer sent before closing has
                 // been taken (see `inbox.rs`): an application that drops the endpoint on the
                 // event loses nothing.
@@ -143,6 +149,9 @@ impl Shared {
         let Some(ep) = st.eps.try_remove(k) else {
             return;
         };
+        if ep.sleepers > 0 {
+            ep.cond.notify_all();
+        }
         if st.by_qpn.get(&ep.qpn) == Some(&k) {
             st.by_qpn.remove(&ep.qpn);
         }

@@ -570,7 +570,8 @@ fn packed_messages_hold_their_frame_until_the_last_is_dropped() {
     assert!(client.stats().credit_waits > 0, "the sender never waited");
     assert!(
         frames > 0 && frames < u64::from(n) && client.stats().sent_packed == u64::from(2 * n),
-        "messages were not packed"
+        "messages were not packed: {:?}",
+        client.stats()
     );
     // Nothing leaked: every frame went back, so the receive queue is full again and the
     // held count is 0 (a frame given back twice, or never, would show here).
