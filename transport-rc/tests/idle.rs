@@ -2,9 +2,13 @@
 //! endpoints that do not use them (the credit-recall watch backs off while nothing arrives).
 #![allow(missing_docs)]
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdmx_rc::Context;
+
+/// The tests measure the CPU time of the whole process: they run one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// CPU time (user + system) of this process, from /proc/self/stat, in clock ticks.
 fn cpu_ticks() -> u64 {
@@ -17,6 +21,7 @@ fn cpu_ticks() -> u64 {
 
 #[test]
 fn idle_contexts_with_every_buffer_promised_stay_quiet() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // 24 endpoints over 16 receive buffers: every buffer backs some endpoint's credit and
     // some endpoints hold none, the state in which the receiver watches for starving
     // senders. One ping-pong per endpoint first, then nothing for 3 s.
@@ -52,6 +57,7 @@ fn idle_contexts_with_every_buffer_promised_stay_quiet() {
 /// nothing happened at all, and every completion woke all of them.
 #[test]
 fn threads_blocked_in_recv_stay_asleep() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let server = Context::builder().build().unwrap();
     let client = Context::builder().build().unwrap();
     let l = server.listen("127.0.0.1:0").unwrap();
