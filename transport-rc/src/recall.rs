@@ -322,9 +322,14 @@ fn feed_starving(
     now: Instant,
     freed: &mut u64,
 ) {
-    for &k in starving.iter().rev() {
-        st.needy.retain(|&x| x != k);
-        st.needy.push_front(k);
+    // One pass over the queue (this runs on every recall signal; a removal per starving
+    // endpoint made it quadratic with hundreds of both).
+    let first: std::collections::HashSet<usize> = starving.iter().copied().collect();
+    let was = std::mem::take(&mut st.needy);
+    st.needy.extend(starving.iter().copied());
+    st.needy
+        .extend(was.into_iter().filter(|k| !first.contains(k)));
+    for &k in starving {
         if let Some(ep) = st.eps.get_mut(k) {
             ep.in_needy = true;
         }
