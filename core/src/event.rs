@@ -20,6 +20,10 @@ pub enum DisconnectCause {
     Protocol(String),
     /// The context was dropped.
     ContextClosed,
+    /// The peer's endpoint went down without an orderly close (its close timed out, its
+    /// context was dropped, or it failed), and its side said so. Over XRC this is how a
+    /// peer learns it: the queue pairs its endpoint used stay up for the other endpoints.
+    PeerAborted,
 }
 
 impl fmt::Display for DisconnectCause {
@@ -31,6 +35,7 @@ impl fmt::Display for DisconnectCause {
             Self::TransportError(s) => write!(f, "transport error ({s})"),
             Self::Protocol(s) => write!(f, "protocol violation ({s})"),
             Self::ContextClosed => f.write_str("the context was dropped"),
+            Self::PeerAborted => f.write_str("the peer's endpoint went down without closing"),
         }
     }
 }

@@ -281,6 +281,11 @@ impl Mailbox {
 /// credits from idle endpoints for it (and only then: with more endpoints than buffers, some
 /// always lack credits without wanting any). A peer that predates the flags reads them as
 /// part of the counter; nothing else changes.
+///
+/// One value of the counter never occurs ([`next_request`](Self::next_request) skips it):
+/// a word with it ([`Recall::GONE`]) says that the writer's endpoint went down without an
+/// orderly close, which the reader cannot learn otherwise when the two share their queue
+/// pairs with other endpoints (XRC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Recall {
     /// Cumulative credits the writer gave back to the reader.
@@ -297,6 +302,15 @@ pub struct Recall {
 impl Recall {
     /// The request counter's bits.
     pub const COUNTER_MASK: u32 = 0x3FFF_FFFF;
+
+    /// The word that says "my endpoint is gone": every bit set (a request counter of
+    /// [`COUNTER_MASK`](Self::COUNTER_MASK), which no request uses).
+    pub const GONE: u64 = u64::MAX;
+
+    /// The word says the writer's endpoint is gone.
+    pub fn is_gone(self) -> bool {
+        self.recall == Self::COUNTER_MASK
+    }
 
     /// The word.
     pub fn to_word(self) -> u64 {
@@ -316,9 +330,11 @@ impl Recall {
         }
     }
 
-    /// The request counter after `n`, wrapping within its 30 bits.
+    /// The request counter after `n`, wrapping within its 30 bits (and past
+    /// [`COUNTER_MASK`](Self::COUNTER_MASK), which [`GONE`](Self::GONE) uses).
     pub fn next_request(n: u32) -> u32 {
-        n.wrapping_add(1) & Self::COUNTER_MASK
+        let next = n.wrapping_add(1) & Self::COUNTER_MASK;
+        if next == Self::COUNTER_MASK { 0 } else { next }
     }
 }
 
@@ -482,6 +498,10 @@ mod tests {
     fn recall_counter_wraps_within_its_bits() {
         let top = Recall::COUNTER_MASK;
         assert_eq!(Recall::next_request(top), 0);
+        // The value before the mask wraps to 0 too: the mask itself means "gone".
+        assert_eq!(Recall::next_request(top - 1), 0);
+        assert!(Recall::from_word(Recall::GONE).is_gone());
+        assert!(!Recall::from_word(Recall::default().to_word()).is_gone());
         let w = Recall {
             returned: u32::MAX,
             recall: top,

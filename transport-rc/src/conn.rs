@@ -321,6 +321,7 @@ pub(crate) fn register(
         last_rx: Instant::now(),
         keepalive_at: None,
         close_deadline: None,
+        linger_until: None,
         recall: crate::ep::RecallState::default(),
     });
     if xrc.is_none() {
@@ -492,6 +493,10 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
     let half = sh.cfg.peer_timeout / 2;
     let mut expired = Vec::new();
     for (k, ep) in st.eps.iter_mut() {
+        if ep.linger_until.is_some_and(|t| now >= t) {
+            ep.linger_until = None;
+            st.reap_pending = true;
+        }
         if let Some(d) = ep.close_deadline
             && now >= d
             && !matches!(ep.status, Status::Down(_))

@@ -213,6 +213,9 @@ pub(crate) struct Ep {
     pub(crate) keepalive_at: Option<Instant>,
     /// A close must finish by then (set when the handle is dropped or `close` is called).
     pub(crate) close_deadline: Option<Instant>,
+    /// Not removed before then, although down and dropped: the peer may not know yet
+    /// (see `Shared::fail`).
+    pub(crate) linger_until: Option<Instant>,
 }
 
 /// What a peer reads in a rendezvous; held until it reports the read done (or the queue

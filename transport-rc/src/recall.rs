@@ -50,6 +50,7 @@
 
 use std::time::{Duration, Instant};
 
+use rdmx_core::DisconnectCause;
 use rdmx_core::header::{RECALL_OFF, Recall, Signal};
 use rdmx_verbs::{Rkey, WrOpcode};
 
@@ -230,6 +231,10 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
     let Some(theirs) = their_word(sh, st, k) else {
         return;
     };
+    if theirs.is_gone() {
+        sh.fail(st, k, DisconnectCause::PeerAborted);
+        return;
+    }
     if returned {
         apply_returned(sh, st, k, theirs);
         // The peer may have given these back (at least the credit the signal used) for
@@ -262,6 +267,7 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
+    let mut gone = Vec::new();
     for &k in &keys {
         if !st
             .eps
@@ -273,6 +279,10 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
         let Some(theirs) = their_word(sh, st, k) else {
             continue;
         };
+        if theirs.is_gone() {
+            gone.push(k);
+            continue;
+        }
         freed += apply_returned(sh, st, k, theirs);
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
@@ -282,6 +292,9 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
         }
         let idle_sender = !ep.waits_to_send();
         answer(sh, st, k, theirs, idle_sender);
+    }
+    for k in gone {
+        sh.fail(st, k, DisconnectCause::PeerAborted);
     }
     // Scan again soon while a peer starves, and now and then while every buffer is promised
     // and some endpoint holds no credit (one may start starving unnoticed).

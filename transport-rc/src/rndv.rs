@@ -6,7 +6,7 @@ use rdmx_core::DisconnectCause;
 use rdmx_core::header::Mailbox;
 use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
 
-use crate::ep::{Hold, Inbound, wrid};
+use crate::ep::{Hold, Inbound, Status, wrid};
 use crate::shared::{Shared, State};
 
 impl Shared {
@@ -150,6 +150,12 @@ impl Shared {
             let Some(ep) = st.eps.get_mut(k) else {
                 continue;
             };
+            // A read for an endpoint that is down is not posted: over XRC the shared
+            // initiator would still carry it, to a buffer the peer may have released (its
+            // endpoint is gone); the message is lost, like the ones behind it.
+            if !matches!(ep.status, Status::Open | Status::Closing) {
+                continue;
+            }
             let mut blocked = false;
             for entry in ep.inbox.iter_mut() {
                 let Inbound::Rndv {

@@ -3,8 +3,9 @@
 //! their buffers returned only after the queue pair is flushed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use rdmx_core::header::{Header, Kind, MAILBOX_LEN};
+use rdmx_core::header::{Header, Kind, MAILBOX_LEN, RECALL_OFF, Recall};
 use rdmx_core::{DisconnectCause, Event};
 use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
 
@@ -23,6 +24,29 @@ impl Shared {
         tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
         if ep.sleepers > 0 {
             ep.cond.notify_all();
+        }
+        // Over a shared XRC initiator the peer cannot notice (its keepalives keep getting
+        // through, to the node's shared target): tell it, unless it is the one that went.
+        // (An unreachable peer may only have been slow to close; if the initiator itself is
+        // broken, the write fails and nothing is lost.)
+        let shared_qp = Arc::strong_count(&ep.qp) > 1;
+        let peer_knows = matches!(
+            cause,
+            DisconnectCause::PeerClosed | DisconnectCause::PeerAborted
+        );
+        if shared_qp && !peer_knows && matches!(ep.status, Status::Open | Status::Closing) {
+            let op = WrOpcode::RdmaWrite {
+                remote_addr: ep.peer_mailbox.0 + RECALL_OFF as u64,
+                rkey: rdmx_verbs::Rkey(ep.peer_mailbox.1),
+            };
+            let gone = Recall::GONE.to_be_bytes();
+            if let Err(e) = post_on(ep, op, PostData::Inline(&gone), Hold::None, false) {
+                tracing::debug!(endpoint = ep.id, "could not tell the peer: {e}");
+            }
+            // Until the peer has read that (at its next look, within a tick), it may still
+            // send: its messages come through the node's shared target and are routed by
+            // our key, so the key must not go to a new endpoint meanwhile.
+            ep.linger_until = Some(Instant::now() + 2 * self.keepalive_tick());
         }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
@@ -132,15 +156,21 @@ impl Shared {
                     });
                 }
             }
-            if ep.detached && matches!(ep.status, Status::Down(_)) {
+            if ep.detached
+                && matches!(ep.status, Status::Down(_))
+                && ep.linger_until.is_none_or(|t| Instant::now() >= t)
+            {
                 remove.push(k);
             }
         }
         for k in remove {
             self.remove(st, k);
         }
+        // (A lingering endpoint is looked at again by the background tick, not by every
+        // progress call.)
         st.reap_pending = st.eps.iter().any(|(_, e)| {
-            e.status == Status::Closing || (e.detached && matches!(e.status, Status::Down(_)))
+            e.status == Status::Closing
+                || (e.detached && matches!(e.status, Status::Down(_)) && e.linger_until.is_none())
         });
     }
 

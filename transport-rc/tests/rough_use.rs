@@ -1663,16 +1663,18 @@ fn a_close_that_timed_out_is_noticed_by_the_peer() {
 }
 
 /// Over XRC the endpoint goes down on this side only: its queue pair is the context's
-/// shared initiator, which stays up, so the peer's keepalives keep succeeding and the
-/// peer's endpoint stays open forever (its receive times out after 10 peer timeouts).
-/// Found by running this file with `RDMX_TRANSPORT=xrc`.
+/// shared initiator, which stays up, so the peer's keepalives keep succeeding. The peer's
+/// endpoint stayed open forever (its receive timed out after 10 peer timeouts; found by
+/// running this file with `RDMX_TRANSPORT=xrc`). Now this side writes `Recall::GONE` into
+/// the peer's slot, and the peer takes its endpoint down at its next look.
 #[test]
-#[ignore = "reproduces bug: XRC: an endpoint that goes down locally (here a close that \
-            timed out) leaves the peer's endpoint open forever"]
 fn an_xrc_close_that_timed_out_is_noticed_by_the_peer() {
     let (err, took) = close_into_a_full_peer(rdmx_core::bootstrap::TransportKind::Xrc);
     eprintln!("XRC: {err} {took:?} after the close returned");
-    assert!(matches!(err, Error::Disconnected(_)), "{err}");
+    assert!(
+        matches!(err, Error::Disconnected(DisconnectCause::PeerAborted)),
+        "{err}"
+    );
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 

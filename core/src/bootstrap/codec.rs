@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x04\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x05\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -263,17 +263,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v5 = header(5, 5);
+        let v6 = header(6, 5);
         assert!(matches!(
-            decode(&v5[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 4, theirs: 5 })
+            decode(&v6[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 5, theirs: 6 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v5[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v6[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v5).unwrap(),
+            decode_header(&v6).unwrap(),
             Some(Header {
-                version: 5,
+                version: 6,
                 payload_len: 5
             })
         );

@@ -74,8 +74,10 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportK
 /// be signalled with an RDMA WRITE with immediate (`rdmx_core::header::Signal`), which a
 /// version 2 peer would take for a protocol violation. Version 4: a rendezvous request may
 /// ask to be woken when a read finishes (`Header::WAKE_ON_READ`), answered with a
-/// `Signal::ReadDone` a version 3 peer would reject.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// `Signal::ReadDone` a version 3 peer would reject. Version 5: a recall word may say that
+/// the writer's endpoint is gone ([`Recall::GONE`](crate::header::Recall::GONE)), which a
+/// version 4 peer would take for a request.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
