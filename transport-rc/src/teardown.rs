@@ -13,6 +13,11 @@ use crate::ep::{Hold, Inbound, OpResult, OpSource, Status};
 use crate::send::{PostData, post_on};
 use crate::shared::{Shared, State};
 
+/// How long an XRC endpoint that went down on this side is kept (with its key and its
+/// rendezvous buffers) after telling its peer: two of the longest background ticks (100 ms),
+/// whatever the peer's peer timeout, and some slack.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Shared {
     /// Takes an endpoint down: its queue pair goes to the error state (flushing what is
     /// posted), the application is told.
@@ -43,10 +48,11 @@ impl Shared {
             if let Err(e) = post_on(ep, op, PostData::Inline(&gone), Hold::None, false) {
                 tracing::debug!(endpoint = ep.id, "could not tell the peer: {e}");
             }
-            // Until the peer has read that (at its next look, within a tick), it may still
-            // send: its messages come through the node's shared target and are routed by
-            // our key, so the key must not go to a new endpoint meanwhile.
-            ep.linger_until = Some(Instant::now() + 2 * self.keepalive_tick());
+            // Until the peer has read that (at its next look, within its tick), it may still
+            // send, and read our rendezvous buffers: its messages come through the node's
+            // shared target and are routed by our key, so the key must not go to a new
+            // endpoint meanwhile, nor the buffers back to the pool.
+            ep.linger_until = Some(Instant::now() + LINGER);
         }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
