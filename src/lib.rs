@@ -29,8 +29,8 @@ pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::TransportKind as Transport;
 pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
 pub use rdmx_rc::{
-    Batch, Context, ContextBuilder, Endpoint, Listener, LocalRegion, Message, Node, RemoteRegion,
-    Stats,
+    Batch, Context, ContextBuilder, Endpoint, IntoBufError, Listener, LocalRegion, Message, Node,
+    RemoteRegion, Stats,
 };
 pub use rdmx_verbs as verbs;
 pub use rdmx_verbs::SharedBytes;

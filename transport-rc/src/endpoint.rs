@@ -111,13 +111,85 @@ impl Message {
     /// than a queue's worth: an application that keeps messages for long should keep them
     /// as `into_buf` copies.
     ///
+    /// When the pool has no room for the copy, the receive buffer itself is handed over,
+    /// the payload moved to its front (for a packed message, once no other message of its
+    /// frame is alive): it then no longer counts as held, and the receive queue gets a new
+    /// buffer once the pool has room.
+    ///
     /// # Errors
-    /// As [`Context::try_alloc`] when a copy is needed and the pool is full.
-    pub fn into_buf(mut self) -> Result<Buf> {
+    /// With the message handed back (nothing is lost): the pool has no room for the copy
+    /// of a packed message whose frame other live messages share (`WouldBlock`), or
+    /// allocating failed otherwise.
+    pub fn into_buf(mut self) -> std::result::Result<Buf, Box<IntoBufError>> {
         if let Some(Body::Rndv(b)) = self.payload.take_if(|p| matches!(p, Body::Rndv(_))) {
             return Ok(b);
         }
-        self.sh.pool.try_alloc_from(&self[..])
+        match self.sh.pool.try_alloc_from(&self[..]) {
+            Ok(b) => return Ok(b),
+            Err(Error::WouldBlock) => {}
+            Err(error) => {
+                return Err(Box::new(IntoBufError {
+                    error,
+                    message: self,
+                }));
+            }
+        }
+        let len = self.len();
+        let (mut buf, off) = match self.payload.take() {
+            Some(Body::Recv(buf, off)) => (buf, off),
+            Some(Body::Packed(frame, range)) => match Arc::try_unwrap(frame) {
+                Ok(buf) => (buf, range.start),
+                Err(frame) => {
+                    self.payload = Some(Body::Packed(frame, range));
+                    return Err(Box::new(IntoBufError {
+                        error: Error::WouldBlock,
+                        message: self,
+                    }));
+                }
+            },
+            other => {
+                self.payload = other;
+                return Err(Box::new(IntoBufError {
+                    error: Error::WouldBlock,
+                    message: self,
+                }));
+            }
+        };
+        buf.copy_within(off..off + len, 0);
+        // (Cannot fail: `len` is within the buffer.)
+        let _ = buf.set_len(len);
+        let mut st = self.sh.state.lock();
+        st.held = st.held.saturating_sub(1);
+        self.sh.after(&mut st);
+        Ok(buf)
+    }
+}
+
+/// [`Message::into_buf`] failed: why, and the message, handed back untouched. The box
+/// converts into [`Error`] (dropping the message) for use with `?`.
+#[derive(Debug)]
+pub struct IntoBufError {
+    /// Why.
+    pub error: Error,
+    /// The message, still valid.
+    pub message: Message,
+}
+
+impl fmt::Display for IntoBufError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no buffer for the message: {}", self.error)
+    }
+}
+
+impl std::error::Error for IntoBufError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<Box<IntoBufError>> for Error {
+    fn from(e: Box<IntoBufError>) -> Self {
+        e.error
     }
 }
 

@@ -47,7 +47,7 @@ mod teardown;
 mod xrc;
 
 pub use context::{Batch, Context, ContextBuilder, Listener, MAX_ENDPOINTS};
-pub use endpoint::{Endpoint, LocalRegion, Message, RemoteRegion};
+pub use endpoint::{Endpoint, IntoBufError, LocalRegion, Message, RemoteRegion};
 pub use rdmx_verbs::SharedBytes;
 pub use shared::Stats;
 pub use xrc::Node;
