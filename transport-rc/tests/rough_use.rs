@@ -3,9 +3,8 @@
 //! held messages, every size class, zero-copy sends, peers that vanish, endpoints that
 //! come and go under `Context::recv`, cancelled futures, and set-up misuse.
 //!
-//! Tests marked `#[ignore = "reproduces bug: ..."]` are minimal reproducers of problems
-//! found this way (run them with `-- --ignored`); the others pass and check the behaviour
-//! they name. The problems, by reproducer:
+//! The problems found this way, each fixed since, by the test that reproduced it (while a
+//! problem is open, its reproducer is marked `#[ignore = "reproduces bug: ..."]`):
 //!
 //! * the context's background thread stops with the last `Context` handle while endpoints
 //!   live on: `a_peer_killed_after_the_context_handle_was_dropped_is_detected`,
