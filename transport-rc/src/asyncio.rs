@@ -108,11 +108,17 @@ impl Endpoint {
 
     async fn send_async_inner(&self, slot: &mut Option<Payload<'_>>) -> Result<()> {
         let key = self.key;
+        // A send that does not go at once counts as one credit wait, as in `send`.
+        let mut counted = false;
         wait_async(&self.sh, |sh, st| {
             let p = slot.take()?;
             match sh.try_send(st, key, p) {
                 Ok(None) => Some(Ok(())),
                 Ok(Some(back)) => {
+                    if !counted {
+                        counted = true;
+                        st.stats.credit_waits += 1;
+                    }
                     *slot = Some(back);
                     None
                 }

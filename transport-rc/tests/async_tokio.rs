@@ -79,6 +79,12 @@ async fn cancelled_futures_lose_nothing() {
             panic!("the sender never ran out of credits");
         }
     }
+    // Each send that pended counted as a credit wait, as a blocking send's does.
+    assert!(
+        c.stats().credit_waits >= u64::from(cancelled),
+        "{} credit waits for {cancelled} pending sends",
+        c.stats().credit_waits
+    );
     // Now the server reads: exactly `sent` messages, in order.
     for i in 0..sent {
         let m = tokio::time::timeout(Duration::from_secs(10), sep.recv_async())
