@@ -388,7 +388,9 @@ impl Context {
         n
     }
 
-    /// The next event (path migrations, disconnects), if any.
+    /// The next event (path migrations, disconnects), if any. The context keeps the latest
+    /// [`MAX_EVENTS`](crate::MAX_EVENTS) for an application that does not ask; older ones
+    /// are dropped and counted in [`Stats::events_dropped`].
     pub fn poll_event(&self) -> Option<Event> {
         let sh = self.shared();
         let mut st = sh.state.lock();
@@ -410,6 +412,7 @@ impl Context {
         let st = self.shared().state.lock();
         Stats {
             recv_held: st.held,
+            events_dropped: st.events.dropped,
             ..st.stats
         }
     }

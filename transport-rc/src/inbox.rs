@@ -83,7 +83,7 @@ impl Shared {
         let id = ep.id;
         if ep.close_event_due && !ep.has_pending_messages() {
             ep.close_event_due = false;
-            st.events.push_back(Event::Disconnected {
+            st.events.push(Event::Disconnected {
                 endpoint: id,
                 cause: DisconnectCause::PeerClosed,
             });

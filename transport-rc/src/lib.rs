@@ -49,7 +49,7 @@ mod xrc;
 pub use context::{Batch, Context, ContextBuilder, Listener, MAX_ENDPOINTS};
 pub use endpoint::{Endpoint, IntoBufError, LocalRegion, Message, RemoteRegion};
 pub use rdmx_verbs::SharedBytes;
-pub use shared::Stats;
+pub use shared::{MAX_EVENTS, Stats};
 pub use xrc::Node;
 
 /// The handles applications pass between threads stay `Send + Sync` (a compile-time check:

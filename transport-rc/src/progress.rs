@@ -311,7 +311,7 @@ fn rearm(sh: &Shared, st: &mut State, port: Option<u8>) {
         }
     }
     for endpoint in rearmed {
-        st.events.push_back(Event::PathRearmed { endpoint });
+        st.events.push(Event::PathRearmed { endpoint });
     }
 }
 
@@ -332,7 +332,7 @@ fn on_async_event(sh: &Shared, st: &mut State, ev: AsyncEvent) {
                 ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
                 ep.rearm_after = Some(Instant::now() + sh.keepalive_tick());
                 tracing::info!(endpoint = ep.id, "path migrated");
-                st.events.push_back(Event::PathMigrated { endpoint: ep.id });
+                st.events.push(Event::PathMigrated { endpoint: ep.id });
                 any = true;
             }
             if any {

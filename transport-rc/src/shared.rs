@@ -73,10 +73,43 @@ pub struct Stats {
     /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
     /// being full), which wake the sender at once.
     pub read_done_signals: u64,
+    /// Events dropped because the application let [`MAX_EVENTS`] pile up without calling
+    /// `Context::poll_event` (the oldest go first).
+    pub events_dropped: u64,
     /// Now, not a count: receive buffers held by messages the application has not dropped
     /// yet or that wait in inboxes (eager messages, and packed frames with a message
     /// alive). While it is a receive queue's worth or more, the queue does not refill.
     pub recv_held: u64,
+}
+
+/// The most events a context keeps for `Context::poll_event`: an application that never
+/// asks for them (many do not need them) must not grow memory with every endpoint that
+/// ever went down. Beyond this, the oldest are dropped and counted
+/// ([`Stats::events_dropped`]).
+pub const MAX_EVENTS: usize = 4096;
+
+/// The events waiting for `Context::poll_event`, at most [`MAX_EVENTS`].
+#[derive(Debug, Default)]
+pub(crate) struct EventQueue {
+    queue: VecDeque<Event>,
+    /// Dropped for lack of room (the oldest go first).
+    pub(crate) dropped: u64,
+}
+
+impl EventQueue {
+    /// Queues an event, dropping the oldest beyond [`MAX_EVENTS`].
+    pub(crate) fn push(&mut self, ev: Event) {
+        if self.queue.len() >= MAX_EVENTS {
+            self.queue.pop_front();
+            self.dropped += 1;
+        }
+        self.queue.push_back(ev);
+    }
+
+    /// The oldest event.
+    pub(crate) fn pop_front(&mut self) -> Option<Event> {
+        self.queue.pop_front()
+    }
 }
 
 /// All mutable state of a context.
@@ -119,7 +152,7 @@ pub(crate) struct State {
     /// When the pack flusher posts the open packed frames: set when a frame opens and none
     /// is due yet.
     pub(crate) pack_due: Option<Instant>,
-    pub(crate) events: VecDeque<Event>,
+    pub(crate) events: EventQueue,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
     /// Some endpoint is closing, or down with its handle gone: `reap` has work.
@@ -151,7 +184,7 @@ impl State {
             rndv_wait: Vec::new(),
             packs: Vec::new(),
             pack_due: None,
-            events: VecDeque::new(),
+            events: EventQueue::default(),
             next_id: 1,
             stats: Stats::default(),
             reap_pending: false,
@@ -604,5 +637,26 @@ impl Shared {
         for k in keys {
             self.fail(st, k, cause.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_queue_keeps_the_newest_and_counts_the_rest() {
+        let mut q = EventQueue::default();
+        let n = MAX_EVENTS as u64 + 10;
+        for endpoint in 0..n {
+            q.push(Event::PathMigrated { endpoint });
+        }
+        assert_eq!(q.dropped, 10);
+        assert_eq!(q.pop_front(), Some(Event::PathMigrated { endpoint: 10 }));
+        let mut last = None;
+        while let Some(e) = q.pop_front() {
+            last = Some(e);
+        }
+        assert_eq!(last, Some(Event::PathMigrated { endpoint: n - 1 }));
     }
 }

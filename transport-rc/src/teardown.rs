@@ -87,7 +87,7 @@ impl Shared {
         // Rendezvous buffers stay too (released with the queue pair); nobody needs to
         // watch for their release any more.
         st.rndv_watch.retain(|&x| x != k);
-        st.events.push_back(Event::Disconnected {
+        st.events.push(Event::Disconnected {
             endpoint: ep.id,
             cause,
         });
@@ -156,7 +156,7 @@ impl Shared {
                 if ep.has_pending_messages() {
                     ep.close_event_due = true;
                 } else {
-                    st.events.push_back(Event::Disconnected {
+                    st.events.push(Event::Disconnected {
                         endpoint: ep.id,
                         cause: DisconnectCause::PeerClosed,
                     });
