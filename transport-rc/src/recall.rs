@@ -34,8 +34,9 @@
 //! (an 8-byte RDMA WRITE; no receive buffer involved).
 //!
 //! **Signals.** A plain write raises no completion, so the peer would act on a request or an
-//! answer only at its next scan, and a starving sender waited for two of them. When the writer holds a credit for the peer, a request or an answer is sent as an
-//! RDMA WRITE *with immediate* instead ([`Signal`]): the word lands, then a completion
+//! answer only at its next scan, and a starving sender waited for two of them. When the
+//! writer holds a credit for the peer, a request or an answer is sent as an RDMA WRITE
+//! *with immediate* instead ([`Signal`]): the word lands, then a completion
 //! wakes the peer, which acts at once. The signal uses one receive buffer, paid with one of
 //! the writer's credits like any message: an answer gives back all its credits but the one
 //! the signal spends, which the receiver frees as it reposts the buffer. Without a credit the
@@ -185,27 +186,23 @@ pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
     let Some(peer) = st.eps.get(k).map(|ep| ep.peer_context) else {
         return;
     };
-    // Grants written into our mailbox are read only when an endpoint runs out: read them
-    // for the candidates.
     let candidates: Vec<usize> = st
         .eps
         .iter()
         .filter(|&(j, ep)| j != k && ep.peer_context == peer && ep.is_open() && !ep.waits_to_send())
         .map(|(j, _)| j)
         .collect();
-    for j in candidates {
+    // Grants written into our mailbox are read only when an endpoint runs out: read them
+    // for the candidates. The donor is one whose application has nothing left to answer
+    // if there is one (an endpoint with unread messages is likely to reply soon), and
+    // then the one holding the most.
+    for &j in &candidates {
         sh.read_mailbox(st, j);
     }
-    let donor = st
-        .eps
-        .iter()
-        .filter(|&(j, ep)| {
-            j != k
-                && ep.peer_context == peer
-                && ep.is_open()
-                && !ep.waits_to_send()
-                && ep.send.available() > 0
-        })
+    let donor = candidates
+        .into_iter()
+        .filter_map(|j| st.eps.get(j).map(|ep| (j, ep)))
+        .filter(|(_, ep)| ep.send.available() > 0)
         .max_by_key(|(_, ep)| (ep.inbox.is_empty(), ep.send.available()))
         .map(|(j, _)| j);
     let Some(j) = donor else {
@@ -309,12 +306,12 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     // every buffer promised (1,000 idle endpoints on 512 buffers) does not keep waking up
     // every 10 ms.
     let active = st.recv_seen != st.recv_at_watch;
+    st.recv_at_watch = st.recv_seen;
     st.recall_watch_every = if !watch || !st.recall_watch || st.recall_pressure || active {
         WATCH_SCAN
     } else {
         (st.recall_watch_every * 2).min(sh.keepalive_tick())
     };
-    st.recv_at_watch = st.recv_seen;
     st.recall_watch = watch;
     if !starving.is_empty() {
         feed_starving(sh, st, &keys, &starving, now, &mut freed);
