@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rdmx_rc::Context;
+use rdmx_rc::{Context, Endpoint};
 
 /// The tests measure the CPU time of the whole process: they run one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -19,20 +19,29 @@ fn cpu_ticks() -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// A server context (built from `server`) and a client context with `n` endpoints between
+/// them: (server, client, client endpoints, server endpoints).
+fn connected(
+    server: rdmx_rc::ContextBuilder,
+    n: usize,
+) -> (Context, Context, Vec<Endpoint>, Vec<Endpoint>) {
+    let server = server.build().unwrap();
+    let client = Context::builder().build().unwrap();
+    let l = server.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    let acc = std::thread::spawn(move || (0..n).map(|_| l.accept().unwrap()).collect::<Vec<_>>());
+    let ceps: Vec<_> = (0..n).map(|_| client.connect(addr).unwrap()).collect();
+    let seps = acc.join().unwrap();
+    (server, client, ceps, seps)
+}
+
 #[test]
 fn idle_contexts_with_every_buffer_promised_stay_quiet() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // 24 endpoints over 16 receive buffers: every buffer backs some endpoint's credit and
     // some endpoints hold none, the state in which the receiver watches for starving
     // senders. One ping-pong per endpoint first, then nothing for 3 s.
-    let server = Context::builder().srq_depth(16).credits(4).build().unwrap();
-    let client = Context::builder().build().unwrap();
-    let l = server.listen("127.0.0.1:0").unwrap();
-    let addr = l.local_addr();
-    let n = 24;
-    let acc = std::thread::spawn(move || (0..n).map(|_| l.accept().unwrap()).collect::<Vec<_>>());
-    let ceps: Vec<_> = (0..n).map(|_| client.connect(addr).unwrap()).collect();
-    let seps = acc.join().unwrap();
+    let (_server, _client, ceps, seps) = connected(Context::builder().srq_depth(16).credits(4), 24);
     for (c, s) in ceps.iter().zip(&seps) {
         c.send_timeout(b"ping", Duration::from_secs(10)).unwrap();
         let m = s.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -58,14 +67,8 @@ fn idle_contexts_with_every_buffer_promised_stay_quiet() {
 #[test]
 fn threads_blocked_in_recv_stay_asleep() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let server = Context::builder().build().unwrap();
-    let client = Context::builder().build().unwrap();
-    let l = server.listen("127.0.0.1:0").unwrap();
-    let addr = l.local_addr();
     let n = 64;
-    let acc = std::thread::spawn(move || (0..n).map(|_| l.accept().unwrap()).collect::<Vec<_>>());
-    let ceps: Vec<_> = (0..n).map(|_| client.connect(addr).unwrap()).collect();
-    let seps = acc.join().unwrap();
+    let (_server, _client, ceps, seps) = connected(Context::builder(), n);
     let start = std::time::Instant::now();
     let blocked: Vec<_> = ceps
         .into_iter()
