@@ -136,6 +136,21 @@ pub(crate) fn wait_until<T>(
                 if let Some(timeout) = timeout {
                     t = t.min(timeout.saturating_sub(waited));
                 }
+                // While every buffer is promised, one sleeping thread wakes every scan
+                // interval to look at the starving flags (see `recall.rs`): a starving
+                // sender's flag notifies nobody, and the background thread may have backed
+                // off to its tick. The others sleep until notified.
+                let scarce = st.budget.spare() == 0 && !st.needy.is_empty();
+                let watcher = (scarce || st.recall_pressure) && !st.watcher_asleep;
+                if watcher {
+                    st.watcher_asleep = true;
+                    let every = if st.recall_pressure {
+                        crate::recall::PRESSURE_SCAN
+                    } else {
+                        crate::recall::WATCH_SCAN
+                    };
+                    t = t.min(every);
+                }
                 // Stop claiming the device's reception, so the soft provider's engine thread
                 // processes packets while we sleep.
                 sh.vctx.yield_polling();
@@ -159,6 +174,9 @@ pub(crate) fn wait_until<T>(
                     && ep.id == id
                 {
                     ep.sleepers -= 1;
+                }
+                if watcher {
+                    st.watcher_asleep = false;
                 }
                 sh.sleepers.fetch_sub(1, Ordering::AcqRel);
                 let cap = if wait.notified {

@@ -135,6 +135,9 @@ pub(crate) struct State {
     /// When the starving flags were last looked at (by the background thread, or by an
     /// application thread in `after`).
     pub(crate) recall_scanned_at: Option<Instant>,
+    /// A thread sleeping in `wait_until` has taken the turn to wake for the scans of the
+    /// starving flags while every buffer is promised (one at a time, not every sleeper).
+    pub(crate) watcher_asleep: bool,
     /// Receive completions so far, and their number at the last watch scan: a context that
     /// received nothing since keeps backing its watch off.
     pub(crate) recv_seen: u64,
@@ -176,6 +179,7 @@ impl State {
             recall_watch: false,
             recall_watch_every: crate::recall::WATCH_SCAN,
             recall_scanned_at: None,
+            watcher_asleep: false,
             recv_seen: 0,
             recv_at_watch: 0,
             ready: VecDeque::new(),
