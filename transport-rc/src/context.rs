@@ -260,6 +260,8 @@ impl Context {
             start: Instant::now(),
             last_app_poll: AtomicU64::new(0),
             sleepers: std::sync::atomic::AtomicUsize::new(0),
+            spinners: std::sync::atomic::AtomicUsize::new(0),
+            spin_slots: 8 * std::thread::available_parallelism().map_or(1, usize::from),
             #[cfg(feature = "tokio")]
             notify: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),

@@ -94,6 +94,10 @@ pub(crate) fn wait_until<T>(
     // Reading the clock costs about as much as an empty poll here, so the spin looks at it
     // only every few polls.
     let mut polls = 0u32;
+    // The busy-poll time of this wait: the configured one while the thread holds one of
+    // the context's spin slots, none without (see `SpinSlot`).
+    let mut busy = sh.cfg.busy_poll;
+    let mut slot = SpinSlot::none(sh);
     loop {
         {
             let mut st = sh.state.lock();
@@ -113,7 +117,14 @@ pub(crate) fn wait_until<T>(
                 continue;
             }
             let now = Instant::now();
-            let begun = *start.get_or_insert(now);
+            let begun = *start.get_or_insert_with(|| {
+                // The first look failed: spin now, if a slot is free.
+                slot = SpinSlot::take(sh);
+                if !slot.held {
+                    busy = Duration::ZERO;
+                }
+                now
+            });
             // (Durations compared, not instants added: a timeout of `Duration::MAX` waits.)
             let waited = now - begun;
             if let Some(t) = timeout
@@ -121,7 +132,8 @@ pub(crate) fn wait_until<T>(
             {
                 return Err(Error::Timeout(waited));
             }
-            if waited >= sh.cfg.busy_poll {
+            if waited >= busy {
+                slot.release();
                 // Sleep: arm the completion queue (the background thread sleeps on its
                 // channel), look once more to close the race, then wait. Credits that arrive
                 // by RDMA WRITE raise no completion, so the sleep is also bounded.
@@ -189,6 +201,47 @@ pub(crate) fn wait_until<T>(
             }
         }
         std::hint::spin_loop();
+    }
+}
+
+/// A thread's right to busy-poll a context. Spinning helps only while there are CPUs to
+/// spin on: with a thousand threads blocked in one context on two CPUs, each spinning
+/// 50 us before it sleeps took the CPU from the threads with work to do (the server thread
+/// of `examples/many_clients.rs`). A context has eight slots per CPU; a waiting thread
+/// that finds none free sleeps at once. (One per CPU helped the thousand threads as much
+/// but made 64 client threads 20-40 % slower; eight per CPU left those as they were:
+/// docs/MESSAGING.md, "Progress and waiting".)
+struct SpinSlot<'a> {
+    sh: &'a Shared,
+    held: bool,
+}
+
+impl<'a> SpinSlot<'a> {
+    fn none(sh: &'a Shared) -> Self {
+        Self { sh, held: false }
+    }
+
+    fn take(sh: &'a Shared) -> Self {
+        let held = sh
+            .spinners
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < sh.spin_slots).then_some(n + 1)
+            })
+            .is_ok();
+        Self { sh, held }
+    }
+
+    fn release(&mut self) {
+        if self.held {
+            self.held = false;
+            self.sh.spinners.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for SpinSlot<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

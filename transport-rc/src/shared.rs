@@ -238,6 +238,10 @@ pub(crate) struct Shared {
     /// Application threads (or futures) asleep waiting for progress (the background thread
     /// sleeps on the completion channel while there are any, and wakes them).
     pub(crate) sleepers: std::sync::atomic::AtomicUsize,
+    /// Application threads busy-polling now, and how many may (eight per CPU): see
+    /// `progress::SpinSlot`.
+    pub(crate) spinners: std::sync::atomic::AtomicUsize,
+    pub(crate) spin_slots: usize,
     /// Wakes pending futures (feature `tokio`).
     #[cfg(feature = "tokio")]
     pub(crate) notify: tokio::sync::Notify,
