@@ -1738,6 +1738,69 @@ fn into_buf_with_the_smallest_accepted_pool() {
     assert_eq!(s.device_counters().rnr_naks_sent, 0);
 }
 
+/// The same full pool with packed messages (sent in batches, four to a frame), all held:
+/// `into_buf` cannot copy, and cannot hand over a frame other live messages share. It
+/// then gives the message back, untouched, with the error; once the frame's other
+/// messages are gone, the last one is handed over with its frame's buffer.
+#[test]
+fn into_buf_of_a_packed_message_with_a_full_pool_gives_it_back() {
+    let depth = 16u32;
+    let pool = 2 * depth as usize * ((32 << 10) + 16);
+    let (c, cep, s, sep) = pair_with(|| builder().srq_depth(depth).credits(8).pool_max(pool));
+    let mut held = Vec::new();
+    let mut n = 0u32;
+    'fill: loop {
+        let batch = c.batch();
+        for _ in 0..4 {
+            match cep.send_timeout(&msg(14, n, 100), Duration::from_millis(300)) {
+                Ok(()) => n += 1,
+                Err(Error::Timeout(_)) => break 'fill,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(batch);
+        while let Ok(m) = sep.try_recv() {
+            held.push(m);
+        }
+        assert!(n < 4000);
+    }
+    while let Ok(m) = sep.recv_timeout(Duration::from_millis(100)) {
+        held.push(m);
+    }
+    assert!(c.stats().sent_packed > 0, "{:?}", c.stats());
+    assert!(held.len() >= 8, "the receiver held only {}", held.len());
+    eprintln!(
+        "held {} of {n}; server pool {:?}",
+        held.len(),
+        s.pool_stats()
+    );
+    // Give every message to into_buf in turn, taking back the ones it returns: as the
+    // messages before them in their frame are copied out or handed back and dropped, the
+    // last message of each frame gets its frame's buffer.
+    let mut bufs = Vec::new();
+    let mut returned = 0;
+    for (seq, m) in held.into_iter().enumerate() {
+        match m.into_buf() {
+            Ok(b) => bufs.push((seq, b.to_vec())),
+            Err(e) => {
+                assert!(matches!(e.error, Error::WouldBlock), "{}", e.error);
+                returned += 1;
+                // The message came back whole, still readable.
+                assert_eq!(parse(&e.message), (14, seq as u32));
+                bufs.push((seq, e.message.to_vec()));
+            }
+        }
+    }
+    assert!(returned > 0, "into_buf never had to give a message back");
+    for (seq, b) in &bufs {
+        assert_eq!(parse(b), (14, *seq as u32));
+    }
+    eprintln!(
+        "{returned} of {} messages given back by into_buf",
+        bufs.len()
+    );
+}
+
 /// A ping-pong of 300 mixed-size messages over a lossy link (fault injection on both
 /// devices: 2 % of frames dropped, 1 % reordered, 1 % duplicated). `keep_contexts`:
 /// whether the context handles live on. Returns the first message that did not arrive in
