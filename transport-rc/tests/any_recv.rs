@@ -19,8 +19,13 @@ struct FanIn {
 }
 
 fn fan_in(n: usize) -> FanIn {
+    // The tests send up to 40 messages on an endpoint before the server reads: the
+    // receive queue and the credit window are pinned to room for that (the builder beats
+    // `RDMX_SRQ_DEPTH` and `RDMX_CREDITS`, with which a send would otherwise block).
     let server = Context::builder()
         .pool_max(256 << 20)
+        .srq_depth(512)
+        .credits(64)
         .build()
         .expect("server");
     let listener = server.listen("127.0.0.1:0").expect("listen");
