@@ -565,13 +565,9 @@ fn a_peer_killed_after_the_context_handle_was_dropped_is_detected() {
 #[test]
 #[ignore = "child process of the rough_use kill tests"]
 fn child_rough_streamer() {
-    if std::env::var("RDMX_TEST_ROUGH_STREAM").is_err() {
+    let Some((_ctx, ep)) = child_accept_one("RDMX_TEST_ROUGH_STREAM") else {
         return;
-    }
-    let ctx = Context::builder().build().unwrap();
-    let listener = ctx.listen("127.0.0.1:0").unwrap();
-    println!("ADDR {}", listener.local_addr());
-    let ep = listener.accept().unwrap();
+    };
     let mut i = 0u32;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) {
@@ -635,14 +631,21 @@ fn a_sender_blocked_for_credits_learns_that_the_peer_was_killed() {
 #[test]
 #[ignore = "child process of the rough_use kill tests"]
 fn child_rough_sink() {
-    if std::env::var("RDMX_TEST_ROUGH_SINK").is_err() {
+    let Some((_ctx, _ep)) = child_accept_one("RDMX_TEST_ROUGH_SINK") else {
         return;
-    }
+    };
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// The start of a child process of the kill tests (when `var` says this process is one):
+/// listens, tells the parent where (`ADDR ...`), and accepts one endpoint.
+fn child_accept_one(var: &str) -> Option<(Context, Endpoint)> {
+    std::env::var(var).ok()?;
     let ctx = Context::builder().build().unwrap();
     let listener = ctx.listen("127.0.0.1:0").unwrap();
     println!("ADDR {}", listener.local_addr());
-    let _ep = listener.accept().unwrap();
-    std::thread::sleep(Duration::from_secs(60));
+    let ep = listener.accept().unwrap();
+    Some((ctx, ep))
 }
 
 // ------------------------------------------------------------------ holding messages
