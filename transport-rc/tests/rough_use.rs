@@ -1680,6 +1680,49 @@ fn an_xrc_close_that_timed_out_is_noticed_by_the_peer() {
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
+/// A pair whose receiving side has a queue of `depth` and the smallest pool the
+/// configuration accepts (twice the receive queue), and whose sender sends messages of
+/// `len` bytes from sender `who`, `per_batch` to a send batch (1: no batch), until it
+/// stalls, while the receiver takes and keeps everything. Returns the pair, the messages
+/// kept, and how many were sent.
+fn hold_with_the_smallest_pool(
+    depth: u32,
+    per_batch: u32,
+    who: u8,
+    len: usize,
+) -> (
+    Context,
+    Endpoint,
+    Context,
+    Endpoint,
+    Vec<rdmx_rc::Message>,
+    u32,
+) {
+    let pool = 2 * depth as usize * ((32 << 10) + 16);
+    let (c, cep, s, sep) = pair_with(|| builder().srq_depth(depth).credits(8).pool_max(pool));
+    let mut held = Vec::new();
+    let mut n = 0u32;
+    'fill: loop {
+        let batch = (per_batch > 1).then(|| c.batch());
+        for _ in 0..per_batch {
+            match cep.send_timeout(&msg(who, n, len), Duration::from_millis(300)) {
+                Ok(()) => n += 1,
+                Err(Error::Timeout(_)) => break 'fill,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(batch);
+        while let Ok(m) = sep.try_recv() {
+            held.push(m);
+        }
+        assert!(n < 4000);
+    }
+    while let Ok(m) = sep.recv_timeout(Duration::from_millis(100)) {
+        held.push(m);
+    }
+    (c, cep, s, sep, held, n)
+}
+
 /// A receiver keeps a queue's worth of messages, as an application that keeps them for a
 /// while does, with the smallest pool the configuration accepts (twice the receive
 /// queue: "room to spare", says the check). The docs advise keeping long-lived messages
@@ -1692,24 +1735,7 @@ fn an_xrc_close_that_timed_out_is_noticed_by_the_peer() {
 #[test]
 fn into_buf_with_the_smallest_accepted_pool() {
     let depth = 16u32;
-    let pool = 2 * depth as usize * ((32 << 10) + 16);
-    let (_c, cep, s, sep) = pair_with(|| builder().srq_depth(depth).credits(8).pool_max(pool));
-    let mut held = Vec::new();
-    let mut n = 0u32;
-    loop {
-        match cep.send_timeout(&msg(13, n, 1000), Duration::from_millis(300)) {
-            Ok(()) => n += 1,
-            Err(Error::Timeout(_)) => break,
-            Err(e) => panic!("{e}"),
-        }
-        while let Ok(m) = sep.try_recv() {
-            held.push(m);
-        }
-        assert!(n < 1000);
-    }
-    while let Ok(m) = sep.recv_timeout(Duration::from_millis(100)) {
-        held.push(m);
-    }
+    let (_c, cep, s, sep, held, n) = hold_with_the_smallest_pool(depth, 1, 13, 1000);
     eprintln!(
         "held {} of {n}; server pool {:?}",
         held.len(),
@@ -1747,29 +1773,7 @@ fn into_buf_with_the_smallest_accepted_pool() {
 /// messages are gone, the last one is handed over with its frame's buffer.
 #[test]
 fn into_buf_of_a_packed_message_with_a_full_pool_gives_it_back() {
-    let depth = 16u32;
-    let pool = 2 * depth as usize * ((32 << 10) + 16);
-    let (c, cep, s, sep) = pair_with(|| builder().srq_depth(depth).credits(8).pool_max(pool));
-    let mut held = Vec::new();
-    let mut n = 0u32;
-    'fill: loop {
-        let batch = c.batch();
-        for _ in 0..4 {
-            match cep.send_timeout(&msg(14, n, 100), Duration::from_millis(300)) {
-                Ok(()) => n += 1,
-                Err(Error::Timeout(_)) => break 'fill,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        drop(batch);
-        while let Ok(m) = sep.try_recv() {
-            held.push(m);
-        }
-        assert!(n < 4000);
-    }
-    while let Ok(m) = sep.recv_timeout(Duration::from_millis(100)) {
-        held.push(m);
-    }
+    let (c, _cep, s, _sep, held, n) = hold_with_the_smallest_pool(16, 4, 14, 100);
     assert!(c.stats().sent_packed > 0, "{:?}", c.stats());
     assert!(held.len() >= 8, "the receiver held only {}", held.len());
     eprintln!(
