@@ -71,6 +71,10 @@ fn write_recall_as(st: &mut State, k: usize, signal: Option<Signal>) -> bool {
     let Some(ep) = st.eps.get_mut(k) else {
         return false;
     };
+    // Until the endpoint is open, the peer's mailbox is unknown.
+    if ep.status == Status::Connecting {
+        return false;
+    }
     let w = Recall {
         returned: ep.recall.returned_out,
         recall: ep.recall.requested_out,
@@ -225,6 +229,12 @@ pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
 /// peer gave credits back ([`Signal::RecallReturned`]); otherwise it asked for some
 /// ([`Signal::RecallRequest`]).
 pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
+    // The peer's side of a connection opens first: it may ask before ours knows where its
+    // mailbox is (an answer then went to address 0 and took the endpoint down with a remote
+    // access error). Its word stays in our mailbox; the scans answer it once we are open.
+    if st.eps.get(k).is_none_or(|ep| ep.status == Status::Connecting) {
+        return;
+    }
     let Some(theirs) = their_word(sh, st, k) else {
         return;
     };
