@@ -367,11 +367,17 @@ pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
         // Grants made while connecting are told now; below its window, it waits for more
         // like the others.
         let below = ep.recv.outstanding() < target;
+        let unfed = ep.recv.granted == 0;
         if ep.recv.unadvertised() > 0 {
             st.dirty.push(key);
         }
         if below {
             sh.mark_needy(&mut st, key);
+        }
+        // With every buffer promised, it has none: look for idle holders now rather than at
+        // the next scan (the recall finds it among the starving).
+        if unfed && st.budget.spare() == 0 {
+            st.recall_scanned_at = None;
         }
     }
     sh.after(&mut st);

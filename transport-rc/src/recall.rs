@@ -232,7 +232,11 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
     // The peer's side of a connection opens first: it may ask before ours knows where its
     // mailbox is (an answer then went to address 0 and took the endpoint down with a remote
     // access error). Its word stays in our mailbox; the scans answer it once we are open.
-    if st.eps.get(k).is_none_or(|ep| ep.status == Status::Connecting) {
+    if st
+        .eps
+        .get(k)
+        .is_none_or(|ep| ep.status == Status::Connecting)
+    {
         return;
     }
     let Some(theirs) = their_word(sh, st, k) else {
@@ -294,7 +298,11 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
         };
-        if theirs.starving && ep.recv.outstanding() == 0 {
+        // A newcomer never granted a credit starves as soon as its peer has something to
+        // send: it is fed before it asks, so that its first message does not wait for the
+        // look that would find its flag (up to a tick while nothing else arrives here).
+        let unfed = ep.recv.granted == 0;
+        if (theirs.starving || unfed) && ep.recv.outstanding() == 0 {
             starving.push(k);
         }
         let idle_sender = !ep.waits_to_send();
