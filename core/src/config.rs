@@ -12,7 +12,7 @@
 //! | `srq_depth` | `RDMX_SRQ_DEPTH` | 512 receive buffers |
 //! | `pool_max` | `RDMX_POOL_MAX` (`K`/`M`/`G` suffixes) | 512 MiB |
 //! | `regcache_max` | `RDMX_REGCACHE_MAX` (`K`/`M`/`G` suffixes) | 256 MiB |
-//! | `max_message` | `RDMX_MAX_MESSAGE` | 64 MiB |
+//! | `max_message` | `RDMX_MAX_MESSAGE` | 64 MiB (capped by what the pool can hold) |
 //! | `busy_poll` | `RDMX_BUSY_POLL_US` | 50 µs |
 //! | `peer_timeout` | `RDMX_PEER_TIMEOUT_MS` | 2000 ms |
 //! | `connect_timeout` | `RDMX_CONNECT_TIMEOUT_MS` | 5000 ms |
@@ -60,7 +60,10 @@ pub struct Config {
     /// bytes (see [`RegCache`](crate::regcache::RegCache)). 0 disables caching: every
     /// zero-copy send registers and deregisters its bytes.
     pub regcache_max: usize,
-    /// The largest message accepted, in bytes.
+    /// The largest message accepted, in bytes. A context lowers it to the largest buffer
+    /// its pool can hold beside the receive buffers it keeps posted (a larger rendezvous
+    /// message could never be received), and advertises it to its peers, whose sends of
+    /// anything larger fail with `MessageTooLarge`; its `config()` shows the lowered value.
     pub max_message: usize,
     /// How long a blocking call polls before it sleeps.
     pub busy_poll: Duration,

@@ -181,6 +181,7 @@ impl Context {
 
     fn open(cfg: Config, options: Option<DeviceOptions>, node: Option<Node>) -> Result<Self> {
         cfg.validate()?;
+        let mut cfg = cfg;
         // XRC contexts live on a node (given, or one of their own).
         let mut options = options;
         let node = match (cfg.transport, node) {
@@ -233,6 +234,23 @@ impl Context {
         let inline_max = cfg
             .inline_threshold
             .min((max_inline_data as usize).saturating_sub(HEADER_LEN));
+        // What `config()` reports is what applies: the inline threshold as the device caps
+        // it, and the largest message as the pool can hold one beside the receive buffers
+        // (which stay posted for the context's life). A bigger message could never be
+        // received: its rendezvous read would wait for a buffer for ever.
+        cfg.inline_threshold = inline_max;
+        pool.reserve(pool.footprint_of(cfg.srq_depth as usize, cfg.recv_buf_size()));
+        let largest = pool.largest();
+        if cfg.max_message > largest {
+            tracing::info!(
+                max_message = cfg.max_message,
+                largest,
+                pool_max = cfg.pool_max,
+                "max_message lowered to the largest buffer the pool can hold beside the \
+                 receive buffers"
+            );
+            cfg.max_message = largest;
+        }
         let port = vctx.query_port(1)?;
         let state = State::new(&cfg);
         let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);

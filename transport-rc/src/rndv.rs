@@ -146,6 +146,7 @@ impl Shared {
             return;
         }
         let waiting = std::mem::take(&mut st.rndv_wait);
+        let mut too_big = Vec::new();
         for k in waiting {
             let Some(ep) = st.eps.get_mut(k) else {
                 continue;
@@ -178,6 +179,12 @@ impl Shared {
                 if dest.is_none() {
                     match self.pool.try_alloc(*len as usize) {
                         Ok(b) => *dest = Some(b),
+                        // Beyond what the pool can ever hold (the peer ignored the limit we
+                        // advertised): it would wait for ever, and everything behind it.
+                        Err(rdmx_core::Error::PoolCapacity(n)) => {
+                            too_big.push((k, n));
+                            break;
+                        }
                         Err(_) => {
                             blocked = true;
                             break;
@@ -214,6 +221,13 @@ impl Shared {
             if blocked {
                 st.rndv_wait.push(k);
             }
+        }
+        for (k, n) in too_big {
+            let cause = DisconnectCause::Protocol(format!(
+                "a {n}-byte rendezvous message exceeds the {} bytes advertised",
+                self.cfg.max_message
+            ));
+            self.fail(st, k, cause);
         }
     }
 }

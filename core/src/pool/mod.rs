@@ -14,7 +14,7 @@ mod raw;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use rdmx_verbs::{AccessFlags, Lkey, ProtectionDomain, Rkey, Sge};
@@ -75,6 +75,10 @@ struct Shared {
     cfg: PoolConfig,
     state: Mutex<State>,
     released: AtomicU64,
+    /// Registered bytes the owner keeps for good (see [`BufferPool::reserve`]).
+    reserved: AtomicUsize,
+    /// The class sizes, ascending (as in `State::classes`).
+    sizes: Vec<usize>,
 }
 
 impl fmt::Debug for Shared {
@@ -128,8 +132,8 @@ impl BufferPool {
             sizes.sort_unstable();
         }
         let classes = sizes
-            .into_iter()
-            .map(|size| Class {
+            .iter()
+            .map(|&size| Class {
                 size,
                 free: Vec::new(),
             })
@@ -143,8 +147,69 @@ impl BufferPool {
                     stats: PoolStats::default(),
                 }),
                 released: AtomicU64::new(0),
+                reserved: AtomicUsize::new(0),
+                sizes,
             }),
         }
+    }
+
+    /// The class a buffer of `len` bytes comes from (`None`: a dedicated registration).
+    fn class_size(&self, len: usize) -> Option<usize> {
+        self.shared.sizes.iter().copied().find(|&s| s >= len)
+    }
+
+    /// Registered bytes a buffer of `len` bytes takes: its size class, or for a dedicated
+    /// registration `len` rounded up to a page.
+    pub fn footprint(&self, len: usize) -> usize {
+        self.class_size(len)
+            .unwrap_or_else(|| len.next_multiple_of(4096))
+    }
+
+    /// Slots per chunk of the class of `size` bytes on an empty pool.
+    fn chunk_slots(&self, size: usize) -> usize {
+        slots_for(size).min((self.shared.cfg.max_bytes / 4 / size).max(1))
+    }
+
+    /// Registered bytes `count` buffers of `len` bytes take when they are the first of their
+    /// class: whole chunks.
+    pub fn footprint_of(&self, count: usize, len: usize) -> usize {
+        match self.class_size(len) {
+            Some(size) => {
+                let slots = self.chunk_slots(size);
+                count.div_ceil(slots) * slots * size
+            }
+            None => count * len.next_multiple_of(4096),
+        }
+    }
+
+    /// Declares `bytes` of the cap as kept for good by the pool's owner (the receive buffers
+    /// a context posts for its whole life): from then on a buffer that could not fit beside
+    /// them is refused with `PoolCapacity` instead of waiting for ever.
+    pub fn reserve(&self, bytes: usize) {
+        self.shared.reserved.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Registered bytes a single buffer may take: the cap less the reserved bytes.
+    pub fn capacity(&self) -> usize {
+        self.shared
+            .cfg
+            .max_bytes
+            .saturating_sub(self.shared.reserved.load(Ordering::Relaxed))
+    }
+
+    /// The largest buffer the pool can ever serve (with nothing else handed out).
+    pub fn largest(&self) -> usize {
+        let cap = self.capacity();
+        if cap > MAX_CLASS {
+            return cap - cap % 4096;
+        }
+        self.shared
+            .sizes
+            .iter()
+            .copied()
+            .filter(|&s| s <= cap)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The pool's configuration.
@@ -167,10 +232,11 @@ impl BufferPool {
     ///
     /// # Errors
     /// `WouldBlock` when the pool is at its cap and no slot of the class is free;
-    /// `PoolCapacity` when `len` exceeds the cap itself; `Verbs` when registration fails.
+    /// `PoolCapacity` when the buffer could never fit (beside the [reserved](Self::reserve)
+    /// bytes); `Verbs` when registration fails.
     pub fn try_alloc(&self, len: usize) -> Result<Buf> {
         let sh = &self.shared;
-        if len > sh.cfg.max_bytes {
+        if len > sh.cfg.max_bytes || self.footprint(len) > self.capacity() {
             return Err(Error::PoolCapacity(len));
         }
         let mut st = sh.state.lock();
@@ -181,7 +247,7 @@ impl BufferPool {
         if st.classes[ci].free.is_empty() {
             // No chunk takes more than a quarter of the cap, so that one class cannot
             // strand the room another needs in a half-used chunk.
-            let mut slots = slots_for(size).min((sh.cfg.max_bytes / 4 / size).max(1));
+            let mut slots = self.chunk_slots(size);
             if st.stats.registered_bytes + size * slots > sh.cfg.max_bytes {
                 reclaim(&mut st);
             }
@@ -482,6 +548,29 @@ mod tests {
         let mut b = p.try_alloc(10).unwrap();
         assert!(b.set_len(300).is_err());
         assert!(b.set_len(256).is_ok());
+    }
+
+    #[test]
+    fn reserved_bytes_make_what_can_never_fit_a_capacity_error() {
+        let p = pool(8 << 20);
+        assert_eq!(p.largest(), 8 << 20);
+        // 100 buffers of 33 KiB: two whole chunks of the 64 KiB class (32 slots of 64 KiB).
+        assert_eq!(p.footprint_of(100, 33 << 10), 4 * 32 * (64 << 10));
+        assert_eq!(p.footprint(33 << 10), 64 << 10);
+        assert_eq!(p.footprint((4 << 20) + 1), (4 << 20) + 4096);
+        p.reserve(3 << 20);
+        assert_eq!(p.capacity(), 5 << 20);
+        assert_eq!(p.largest(), 5 << 20);
+        assert!(matches!(
+            p.try_alloc((5 << 20) + 1),
+            Err(Error::PoolCapacity(_))
+        ));
+        drop(p.try_alloc(5 << 20).unwrap());
+        p.reserve(5 << 20);
+        // 3 MiB left: a 2 MiB class buffer is the largest (a 4 MiB one never fits).
+        assert_eq!(p.largest(), 2 << 20);
+        assert!(matches!(p.try_alloc(3 << 20), Err(Error::PoolCapacity(_))));
+        assert!(p.try_alloc(2 << 20).is_ok());
     }
 
     #[test]

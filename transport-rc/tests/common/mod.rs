@@ -183,3 +183,29 @@ pub fn node_contexts(node: &rdmx_rc::Node, n: usize) -> Vec<rdmx_rc::Context> {
         })
         .collect()
 }
+
+/// A client endpoint connected to a server endpoint, each in its own context built from
+/// `server` and `client`: (client context, client endpoint, server context, server
+/// endpoint).
+pub fn connect_pair(
+    server: rdmx_rc::ContextBuilder,
+    client: rdmx_rc::ContextBuilder,
+) -> (
+    rdmx_rc::Context,
+    rdmx_rc::Endpoint,
+    rdmx_rc::Context,
+    rdmx_rc::Endpoint,
+) {
+    let server = server.build().expect("server context");
+    let listener = server.listen("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr();
+    let t = std::thread::spawn(move || {
+        listener
+            .accept_timeout(Duration::from_secs(10))
+            .expect("accept")
+    });
+    let client = client.build().expect("client context");
+    let cep = client.connect(addr).expect("connect");
+    let sep = t.join().expect("accept thread");
+    (client, cep, server, sep)
+}

@@ -1,0 +1,98 @@
+//! Limits an application runs into: messages and buffers larger than a pool can ever hold,
+//! and what `Context::config` says about them.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::connect_pair;
+use rdmx_core::Error;
+use rdmx_rc::Context;
+
+/// A receiver whose pool cannot hold the default largest message beside its receive
+/// buffers (64 MiB of pool, about 16 MiB of them posted for good) advertises what it can
+/// hold, and a bigger message is refused at the sender at once. It used to be accepted,
+/// and its rendezvous read waited for a buffer for ever, silently, with every message
+/// behind it.
+#[test]
+fn a_message_the_receivers_pool_cannot_hold_is_refused_at_once() {
+    let small = || Context::builder().pool_max(64 << 20);
+    let (client, cep, server, sep) = connect_pair(small(), Context::builder());
+    let largest = server.config().max_message;
+    assert!(
+        largest < 64 << 20 && largest > 32 << 20,
+        "the receiver's largest message: {largest}"
+    );
+    assert_eq!(client.config().max_message, 64 << 20);
+    let blob = rdmx_rc::SharedBytes::from(vec![7u8; largest + 4096]);
+    let start = Instant::now();
+    match cep.send_shared_timeout(blob, Duration::from_secs(5)) {
+        Err(Error::MessageTooLarge { len, max }) => {
+            assert_eq!((len, max), (largest + 4096, largest));
+        }
+        other => panic!("a message beyond the receiver's pool: {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(1));
+    // The endpoint is still fine, and a message of the largest size arrives.
+    let blob = rdmx_rc::SharedBytes::from(vec![9u8; largest]);
+    cep.send_shared(blob).expect("the largest message");
+    let m = sep
+        .recv_timeout(Duration::from_secs(30))
+        .expect("receive it");
+    assert_eq!(m.len(), largest);
+    assert!(m.iter().all(|&b| b == 9));
+    drop(m);
+    cep.send(b"after").unwrap();
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"after"
+    );
+}
+
+/// A buffer the local pool can never hold is refused with `PoolCapacity` at once: `alloc`
+/// used to wait for the connect timeout, and a `send` that copies into the pool blocked
+/// for ever.
+#[test]
+fn a_buffer_the_local_pool_cannot_hold_is_refused_at_once() {
+    let ctx = Context::builder().pool_max(40 << 20).build().unwrap();
+    let start = Instant::now();
+    assert!(matches!(ctx.alloc(40 << 20), Err(Error::PoolCapacity(_))));
+    assert!(matches!(ctx.alloc(30 << 20), Err(Error::PoolCapacity(_))));
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    // The largest it reports does fit.
+    let largest = ctx.config().max_message;
+    let b = ctx.alloc(largest).expect("a buffer of max_message bytes");
+    assert_eq!(b.len(), largest);
+    drop(b);
+
+    let (_client, cep, _server, _sep) =
+        connect_pair(Context::builder(), Context::builder().pool_max(40 << 20));
+    let start = Instant::now();
+    match cep.send_timeout(&vec![1u8; 30 << 20], Duration::from_secs(5)) {
+        Err(Error::MessageTooLarge { .. } | Error::PoolCapacity(_)) => {}
+        other => panic!("a send the local pool cannot copy: {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// `config()` reports the values that apply, not the requested ones.
+#[test]
+fn the_config_reports_effective_values() {
+    let ctx = Context::builder()
+        .inline_threshold(4096)
+        .pool_max(64 << 20)
+        .build()
+        .unwrap();
+    let cfg = ctx.config();
+    assert!(cfg.inline_threshold < 4096, "{}", cfg.inline_threshold);
+    assert!(cfg.max_message < 64 << 20, "{}", cfg.max_message);
+}
