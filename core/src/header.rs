@@ -272,15 +272,19 @@ impl Mailbox {
 /// answers by counting them as used (`returned`, cumulative). Both are written by the slot's
 /// peer into the slot of the other side.
 ///
-/// Layout: `returned` in bits 0..32, the request counter in bits 32..62 (30 bits, compared
-/// only for a change), `starving` in bit 62 and `all` in bit 63. A request normally leaves
+/// Layout: `returned` in bits 0..32, the request counter in bits 32..61 (29 bits, compared
+/// only for a change), `closing` in bit 61, `starving` in bit 62 and `all` in bit 63. A
+/// request normally leaves
 /// the sender one credit, so that its next message goes out at once; with `all`, it gives
 /// back every credit. That is needed when endpoints outnumber the receive buffers: each idle
 /// endpoint then holds a single credit, and keeping one would free nothing. `starving` is
 /// the writer's own state: it has a message to send and no credit; the reader then takes
 /// credits from idle endpoints for it (and only then: with more endpoints than buffers, some
-/// always lack credits without wanting any). A peer that predates the flags reads them as
-/// part of the counter; nothing else changes.
+/// always lack credits without wanting any). `closing` is the writer's state too: it closes,
+/// everything it sent before has been read, and it has no credit left for its Close; the
+/// reader grants it one more, once, even if undelivered messages fill its window (the only
+/// message that credit can carry is the Close). A peer that predates the flags reads them
+/// as part of the counter (bootstrap protocol version 6 has `closing`).
 ///
 /// One value of the counter never occurs ([`next_request`](Self::next_request) skips it):
 /// a word with it ([`Recall::GONE`]) says that the writer's endpoint went down without an
@@ -290,18 +294,20 @@ impl Mailbox {
 pub struct Recall {
     /// Cumulative credits the writer gave back to the reader.
     pub returned: u32,
-    /// Cumulative recall requests the writer made to the reader (30 bits: see
+    /// Cumulative recall requests the writer made to the reader (29 bits: see
     /// [`Recall::COUNTER_MASK`]).
     pub recall: u32,
     /// The writer waits to send and has no credit.
     pub starving: bool,
+    /// The writer closes and has no credit for its Close.
+    pub closing: bool,
     /// The latest request asks for every credit, not all but one.
     pub all: bool,
 }
 
 impl Recall {
     /// The request counter's bits.
-    pub const COUNTER_MASK: u32 = 0x3FFF_FFFF;
+    pub const COUNTER_MASK: u32 = 0x1FFF_FFFF;
 
     /// The word that says "my endpoint is gone": every bit set (a request counter of
     /// [`COUNTER_MASK`](Self::COUNTER_MASK), which no request uses).
@@ -316,6 +322,7 @@ impl Recall {
     pub fn to_word(self) -> u64 {
         u64::from(self.returned)
             | (u64::from(self.recall & Self::COUNTER_MASK) << 32)
+            | (u64::from(self.closing) << 61)
             | (u64::from(self.starving) << 62)
             | (u64::from(self.all) << 63)
     }
@@ -325,12 +332,13 @@ impl Recall {
         Self {
             returned: w as u32,
             recall: (w >> 32) as u32 & Self::COUNTER_MASK,
+            closing: (w >> 61) & 1 == 1,
             starving: (w >> 62) & 1 == 1,
             all: w >> 63 == 1,
         }
     }
 
-    /// The request counter after `n`, wrapping within its 30 bits (and past
+    /// The request counter after `n`, wrapping within its 29 bits (and past
     /// [`COUNTER_MASK`](Self::COUNTER_MASK), which [`GONE`](Self::GONE) uses).
     pub fn next_request(n: u32) -> u32 {
         let next = n.wrapping_add(1) & Self::COUNTER_MASK;
@@ -505,13 +513,14 @@ mod tests {
         let w = Recall {
             returned: u32::MAX,
             recall: top,
+            closing: false,
             starving: false,
             all: false,
         };
         let back = Recall::from_word(w.to_word());
         assert_eq!(back, w);
         assert!(
-            !back.all && !back.starving,
+            !back.all && !back.starving && !back.closing,
             "the counter must not spill into the flags"
         );
     }
@@ -521,10 +530,11 @@ mod tests {
         fn recall_word_round_trips(
             returned in any::<u32>(),
             recall in 0..=Recall::COUNTER_MASK,
+            closing in any::<bool>(),
             starving in any::<bool>(),
             all in any::<bool>(),
         ) {
-            let r = Recall { returned, recall, starving, all };
+            let r = Recall { returned, recall, closing, starving, all };
             prop_assert_eq!(Recall::from_word(r.to_word()), r);
         }
 

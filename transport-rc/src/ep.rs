@@ -14,13 +14,18 @@ use rdmx_verbs::{QueuePair, WcStatus};
 pub(crate) struct RecallState {
     /// Credits we gave back to the peer (cumulative; written into the peer's slot).
     pub(crate) returned_out: u32,
-    /// Recall requests we made to the peer (cumulative, 31 bits; written into the peer's
+    /// Recall requests we made to the peer (cumulative, 29 bits; written into the peer's
     /// slot).
     pub(crate) requested_out: u32,
     /// Our latest request asks for every credit (see `recall.rs`).
     pub(crate) ask_all: bool,
     /// We told the peer we wait to send with no credit.
     pub(crate) starving: bool,
+    /// We told the peer we close with no credit for the Close.
+    pub(crate) closing: bool,
+    /// The peer closes with no credit for its Close, and we granted it the one it needs
+    /// (once: that credit can carry nothing else).
+    pub(crate) close_granted: bool,
     /// Since when we have been out of credits with something to send.
     pub(crate) starved_since: Option<Instant>,
     /// When a message took our last credit (the peer may not grant more unless asked).

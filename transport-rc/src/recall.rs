@@ -78,6 +78,7 @@ fn write_recall_as(st: &mut State, k: usize, signal: Option<Signal>) -> bool {
     let w = Recall {
         returned: ep.recall.returned_out,
         recall: ep.recall.requested_out,
+        closing: ep.recall.closing,
         starving: ep.recall.starving,
         all: ep.recall.ask_all,
     };
@@ -306,6 +307,19 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
             starving.push(k);
         }
         let idle_sender = !ep.waits_to_send();
+        let close_needs = theirs.closing && !ep.recall.close_granted && ep.recv.outstanding() == 0;
+        if close_needs {
+            // Its Close needs a credit that its window, full of messages our application
+            // has not taken yet, would not give it: one more, once.
+            if st.budget.spare() > 0 {
+                ep.recall.close_granted = true;
+                ep.recv.granted = ep.recv.granted.wrapping_add(1);
+                st.budget.outstanding += 1;
+                st.dirty.push(k);
+            } else if starving.last() != Some(&k) {
+                starving.push(k);
+            }
+        }
         answer(sh, st, k, theirs, idle_sender);
     }
     for k in gone {

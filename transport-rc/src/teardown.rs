@@ -111,6 +111,16 @@ impl Shared {
             .collect();
         for k in starved {
             self.read_mailbox(st, k);
+            // Still none, and everything sent was read: the peer may be holding its grants
+            // back because its application has not taken our messages yet. Ask for the one
+            // credit the Close needs (`Recall::closing`).
+            let Some(ep) = st.eps.get_mut(k) else {
+                continue;
+            };
+            if ep.send.available() == 0 && ep.drained() && !ep.recall.closing {
+                ep.recall.closing = true;
+                crate::recall::write_recall(st, k);
+            }
         }
         let mut remove = Vec::new();
         for (k, ep) in st.eps.iter_mut() {

@@ -1,5 +1,5 @@
 //! Limits an application runs into: messages and buffers larger than a pool can ever hold,
-//! and what `Context::config` says about them.
+//! what `Context::config` says about them, and a close with every credit spent.
 #![allow(missing_docs)]
 
 mod common;
@@ -95,4 +95,45 @@ fn the_config_reports_effective_values() {
     let cfg = ctx.config();
     assert!(cfg.inline_threshold < 4096, "{}", cfg.inline_threshold);
     assert!(cfg.max_message < 64 << 20, "{}", cfg.max_message);
+}
+
+/// A sender that spent exactly its last credit on rendezvous messages, and closes while the
+/// receiving application has not taken them yet: its window is full of undelivered
+/// messages, so the receiver grants nothing, and the Close had no credit. `close` timed out
+/// after the peer timeout (2 s) and the receiver, once it read everything, got
+/// `PeerUnreachable` instead of `PeerClosed`. The closing side now asks for the one credit
+/// its Close needs (`Recall::closing`).
+#[test]
+fn a_close_after_the_last_credit_went_on_unread_messages_is_orderly() {
+    let (client, cep, _server, sep) = connect_pair(Context::builder(), Context::builder());
+    let n = client.config().credits;
+    let msg = |i: u32| {
+        let mut v = vec![(i % 251) as u8; 1 << 20];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        v
+    };
+    for i in 0..n {
+        cep.send_timeout(&msg(i), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("message {i}: {e}"));
+    }
+    let closer = std::thread::spawn(move || {
+        let start = Instant::now();
+        (cep.close(), start.elapsed())
+    });
+    // The receiving application is busy for a while, longer than the peer timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    for i in 0..n {
+        let m = sep
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("message {i}: {e}"));
+        assert_eq!(m[..], msg(i)[..], "message {i}");
+    }
+    match sep.recv_timeout(Duration::from_secs(5)) {
+        Err(Error::Disconnected(rdmx_core::DisconnectCause::PeerClosed)) => {}
+        other => panic!("after the last message: {other:?}"),
+    }
+    let (r, took) = closer.join().unwrap();
+    r.unwrap_or_else(|e| panic!("close after {took:?}: {e}"));
+    eprintln!("close returned after {took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

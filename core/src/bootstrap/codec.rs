@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x05\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x06\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -263,17 +263,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v6 = header(6, 5);
+        let v7 = header(7, 5);
         assert!(matches!(
-            decode(&v6[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 5, theirs: 6 })
+            decode(&v7[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 6, theirs: 7 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v6[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v7[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v6).unwrap(),
+            decode_header(&v7).unwrap(),
             Some(Header {
-                version: 6,
+                version: 7,
                 payload_len: 5
             })
         );

@@ -76,8 +76,10 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportK
 /// ask to be woken when a read finishes (`Header::WAKE_ON_READ`), answered with a
 /// `Signal::ReadDone` a version 3 peer would reject. Version 5: a recall word may say that
 /// the writer's endpoint is gone ([`Recall::GONE`](crate::header::Recall::GONE)), which a
-/// version 4 peer would take for a request.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// version 4 peer would take for a request. Version 6: a recall word may say that the
+/// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
+/// counter used before).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
