@@ -172,11 +172,14 @@ impl Config {
                 return bad(format!("{name} = {d:?} (at most a day, 86400 s)"));
             }
         }
-        if self.peer_timeout < Duration::from_millis(10) {
-            return bad(format!(
-                "peer_timeout = {:?} (at least 10 ms)",
-                self.peer_timeout
-            ));
+        // Shorter than a scheduling hiccup: every connect (or peer) would time out.
+        for (name, d) in [
+            ("peer_timeout", self.peer_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if d < Duration::from_millis(10) {
+                return bad(format!("{name} = {d:?} (at least 10 ms)"));
+            }
         }
         Ok(())
     }
@@ -488,6 +491,11 @@ mod tests {
             .resolve_with(|_| None)
             .unwrap_err();
         assert!(e.to_string().contains("pool_max"), "{e}");
+        // A zero connect timeout used to be accepted: every connect then failed.
+        let e = ConfigBuilder::default()
+            .resolve_with(env_of(&[("RDMX_CONNECT_TIMEOUT_MS", "0")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("connect_timeout"), "{e}");
     }
 
     #[test]

@@ -400,6 +400,9 @@ fn connect_fails_fast() {
         matches!(result, Err(BootstrapError::Io { op: "connect", .. })),
         "{result:?}"
     );
+    // The message says why (it used to be "bootstrap connect failed" alone).
+    let text = result.unwrap_err().to_string();
+    assert!(text.contains("refused"), "{text}");
     // A deadline already passed.
     let (_listener, addr) = listening();
     let result = bootstrap::connect(addr, Instant::now());

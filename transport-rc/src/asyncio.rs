@@ -191,7 +191,7 @@ impl crate::Listener {
         let tcp = self.tcp.try_clone().map_err(|source| {
             Error::Bootstrap(bootstrap::BootstrapError::Io {
                 op: "dup the listening socket",
-                source,
+                error,
             })
         })?;
         let ctx = self.ctx.clone();

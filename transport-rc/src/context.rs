@@ -335,9 +335,9 @@ impl Context {
         let tcp = bootstrap::listen(addr)?;
         let local = tcp
             .local_addr()
-            .map_err(|source| bootstrap::BootstrapError::Io {
+            .map_err(|error| bootstrap::BootstrapError::Io {
                 op: "local_addr",
-                source,
+                error,
             })?;
         Ok(Listener {
             ctx: self.clone(),

@@ -31,9 +31,9 @@ pub struct CompletionChannel {
 
 impl CompletionChannel {
     pub(crate) fn new(ctx: Context) -> Result<Self, VerbsError> {
-        let inner = Arc::new(ChannelInner::new().map_err(|source| VerbsError::Io {
+        let inner = Arc::new(ChannelInner::new().map_err(|error| VerbsError::Io {
             op: "eventfd",
-            source,
+            error,
         })?);
         Ok(Self { ctx, inner })
     }
@@ -80,7 +80,7 @@ impl CompletionChannel {
                 return Ok(false);
             }
             driver::sys::poll_readable(&[self.inner.fd.raw()], Some(timeout - elapsed))
-                .map_err(|source| VerbsError::Io { op: "poll", source })?;
+                .map_err(|error| VerbsError::Io { op: "poll", error })?;
         }
     }
 

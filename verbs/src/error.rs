@@ -21,14 +21,14 @@ pub enum VerbsError {
         /// Why it is invalid.
         reason: String,
     },
-    /// An operating-system call failed.
-    #[error("{op} failed")]
+    /// An operating-system call failed. The OS error is part of the message (and so is
+    /// not also returned as the `source`, which would print it twice in a chain).
+    #[error("{op} failed: {error}")]
     Io {
         /// What was being done.
         op: &'static str,
         /// The OS error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The transition is not legal for this QP type (verbs: EINVAL).
     #[error("illegal QP transition {from} -> {to} for {qp_type:?}")]
@@ -86,7 +86,7 @@ impl From<VerbsError> for io::Error {
     fn from(e: VerbsError) -> Self {
         let kind = match &e {
             VerbsError::DeviceNotFound(_) | VerbsError::NoSuchObject(_) => io::ErrorKind::NotFound,
-            VerbsError::Io { source, .. } => source.kind(),
+            VerbsError::Io { error, .. } => error.kind(),
             VerbsError::ResourceExhausted(_) => io::ErrorKind::OutOfMemory,
             VerbsError::Unsupported(_) => io::ErrorKind::Unsupported,
             _ => io::ErrorKind::InvalidInput,

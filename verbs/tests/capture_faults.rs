@@ -288,3 +288,30 @@ fn fault_plan_from_code() {
     let _qp = pd.create_qp(&a).unwrap();
     let _mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
 }
+
+#[test]
+#[ignore = "child of a_capture_that_cannot_be_written_is_an_error"]
+fn unwritable_capture_child() {
+    if std::env::var_os("RDMX_PCAP").is_none() {
+        return;
+    }
+    match Device::open("soft:127.0.0.1") {
+        Err(e) => println!("OPEN ERROR {e}"),
+        Ok(_) => println!("OPENED"),
+    }
+}
+
+/// `RDMX_PCAP` naming a file that cannot be created used to be ignored (a `tracing` warning
+/// an application without a subscriber never sees): no capture, and no word about it.
+#[test]
+fn a_capture_that_cannot_be_written_is_an_error() {
+    let dir = temp_path("no-such-dir");
+    let log = rerun_self(
+        "unwritable_capture_child",
+        &[("RDMX_PCAP", dir.join("x.pcap").display().to_string())],
+    );
+    assert!(
+        log.contains("OPEN ERROR") && log.contains("RDMX_PCAP: cannot create"),
+        "{log}"
+    );
+}

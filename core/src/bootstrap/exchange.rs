@@ -457,5 +457,5 @@ fn is_timeout(err: &io::Error) -> bool {
 
 /// Wraps an OS error of operation `op`.
 fn io_error(op: &'static str) -> impl Fn(io::Error) -> BootstrapError {
-    move |source| BootstrapError::Io { op, source }
+    move |error| BootstrapError::Io { op, error }
 }

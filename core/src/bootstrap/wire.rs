@@ -151,14 +151,14 @@ pub enum BootstrapError {
     /// The peer's [`EndpointInfo`] failed [`validate`].
     #[error("invalid endpoint information: {0}")]
     Invalid(String),
-    /// A socket operation failed.
-    #[error("bootstrap {op} failed")]
+    /// A socket operation failed. The OS error is part of the message (and so is not also
+    /// returned as the `source`, which would print it twice in a chain).
+    #[error("bootstrap {op} failed: {error}")]
     Io {
         /// What was being done.
         op: &'static str,
         /// The OS error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The peer refused the exchange, with this reason.
     #[error("the peer rejected the bootstrap: {0:?}")]

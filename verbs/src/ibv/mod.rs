@@ -106,7 +106,7 @@ unsafe impl Sync for IbvDevice {}
 fn io_err(op: &'static str, rc: i32) -> VerbsError {
     VerbsError::Io {
         op,
-        source: std::io::Error::from_raw_os_error(rc),
+        error: std::io::Error::from_raw_os_error(rc),
     }
 }
 
@@ -114,7 +114,7 @@ fn io_err(op: &'static str, rc: i32) -> VerbsError {
 fn last_err(op: &'static str) -> VerbsError {
     VerbsError::Io {
         op,
-        source: std::io::Error::last_os_error(),
+        error: std::io::Error::last_os_error(),
     }
 }
 
@@ -151,12 +151,12 @@ impl IbvDevice {
         }
         let shared = match events::Shared::new() {
             Ok(s) => Arc::new(s),
-            Err(source) => {
+            Err(error) => {
                 // SAFETY: `ctx` was just opened and nothing else refers to it.
                 unsafe { ffi::ibv_close_device(ctx) };
                 return Err(VerbsError::Io {
                     op: "eventfd",
-                    source,
+                    error,
                 });
             }
         };
@@ -554,9 +554,9 @@ impl Provider for IbvDevice {
             .create(true)
             .truncate(false)
             .open(path)
-            .map_err(|source| VerbsError::Io {
+            .map_err(|error| VerbsError::Io {
                 op: "open XRC domain file",
-                source,
+                error,
             })?;
         let h = self.open_xrcd_fd(std::os::fd::AsRawFd::as_raw_fd(&f))?;
         Ok(crate::provider::SharedXrcd::Local(h))

@@ -182,7 +182,7 @@ impl IbvDevice {
             }
             return Err(VerbsError::Io {
                 op: "ibv_get_srq_num",
-                source: std::io::Error::from_raw_os_error(if rc > 0 { rc } else { libc::EIO }),
+                error: std::io::Error::from_raw_os_error(if rc > 0 { rc } else { libc::EIO }),
             });
         }
         // SAFETY: live SRQ not yet visible to any other thread of ours: set its context to

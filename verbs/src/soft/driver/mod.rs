@@ -135,6 +135,8 @@ fn port_active_mtu(ifname: Option<&str>) -> Mtu {
 
 /// The process-wide capture file from `RDMX_PCAP` (`None` inside: not capturing).
 static PCAP: OnceLock<Option<Mutex<PcapWriter>>> = OnceLock::new();
+/// Why the capture file named by `RDMX_PCAP` could not be created.
+static PCAP_ERROR: OnceLock<String> = OnceLock::new();
 
 /// The process-wide capture file from `RDMX_PCAP`, shared by every soft device.
 fn pcap() -> Option<&'static Mutex<PcapWriter>> {
@@ -155,7 +157,7 @@ fn pcap() -> Option<&'static Mutex<PcapWriter>> {
                 Some(Mutex::new(w))
             }
             Err(e) => {
-                tracing::warn!("RDMX_PCAP: cannot create {:?}: {e}", path);
+                let _ = PCAP_ERROR.set(format!("RDMX_PCAP: cannot create {path:?}: {e}"));
                 None
             }
         }
@@ -186,7 +188,7 @@ pub(crate) fn flush_pcap() {
 }
 
 fn bind(addr: SocketAddr) -> Result<UdpSocket, VerbsError> {
-    let io = |op| move |source| VerbsError::Io { op, source };
+    let io = |op| move |error| VerbsError::Io { op, error };
     let domain = if addr.is_ipv4() {
         Domain::IPV4
     } else {
@@ -215,13 +217,19 @@ impl Shared {
         addrs: &[SocketAddr],
         faults: Option<FaultConfig>,
     ) -> Result<Arc<Self>, VerbsError> {
+        // A capture that was asked for and cannot be written is an error, not a silence.
+        if pcap().is_none()
+            && let Some(e) = PCAP_ERROR.get()
+        {
+            return Err(VerbsError::InvalidArgument(e.clone()));
+        }
         let mut sockets = Vec::new();
         let mut bound = Vec::new();
         for a in addrs {
             let s = bind(*a)?;
-            let local = s.local_addr().map_err(|source| VerbsError::Io {
+            let local = s.local_addr().map_err(|error| VerbsError::Io {
                 op: "getsockname",
-                source,
+                error,
             })?;
             sockets.push(s);
             bound.push(local);
@@ -242,7 +250,7 @@ impl Shared {
             .iter()
             .map(|n| port_active_mtu(n.as_deref()))
             .collect();
-        let io = |op| move |source| VerbsError::Io { op, source };
+        let io = |op| move |error| VerbsError::Io { op, error };
         let wake = EventFd::new().map_err(io("eventfd"))?;
         let event_fd = EventFd::new().map_err(io("eventfd"))?;
         let shared = Arc::new_cyclic(|me| Self {

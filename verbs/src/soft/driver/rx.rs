@@ -105,7 +105,7 @@ impl Shared {
     /// bound to `group:4791` with address reuse, so several devices on a host each get a
     /// copy, spec §1.6). Reference counted per attached QP.
     pub(crate) fn join_group(&self, port: usize, group: IpAddr) -> Result<(), VerbsError> {
-        let io = |op| move |source| VerbsError::Io { op, source };
+        let io = |op| move |error| VerbsError::Io { op, error };
         let mut groups = self.groups.lock();
         if let Some(g) = groups.iter_mut().find(|g| g.ip == group && g.port == port) {
             g.refs += 1;

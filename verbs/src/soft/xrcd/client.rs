@@ -74,7 +74,7 @@ impl Client {
         sock: Socket,
         name: Vec<u8>,
     ) -> Result<Arc<Self>, VerbsError> {
-        let io = |op| move |source| VerbsError::Io { op, source };
+        let io = |op| move |error| VerbsError::Io { op, error };
         sys::allow_ptrace_by(sys::peer_pid(std::os::fd::AsRawFd::as_raw_fd(&sock)).ok());
         sock.set_read_timeout(Some(RPC_TIMEOUT))
             .map_err(io("XRC domain socket timeout"))?;
@@ -162,7 +162,7 @@ impl Client {
     fn call(&self, req: Request) -> Result<Reply, VerbsError> {
         let gone = || VerbsError::Io {
             op: "reach the shared XRC domain's host",
-            source: std::io::Error::from(std::io::ErrorKind::NotConnected),
+            error: std::io::Error::from(std::io::ErrorKind::NotConnected),
         };
         let _one = self.rpc.lock();
         if self.is_gone() {
@@ -199,7 +199,7 @@ impl Client {
                 let _ = self.sock.shutdown(Shutdown::Both);
                 return Err(VerbsError::Io {
                     op: "wait for the shared XRC domain's host",
-                    source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    error: std::io::Error::from(std::io::ErrorKind::TimedOut),
                 });
             }
             if now < spin_until {

@@ -98,9 +98,9 @@ impl Host {
         let t = std::thread::Builder::new()
             .name("rdmx-xrcd-host".into())
             .spawn(move || h.accept_loop())
-            .map_err(|source| crate::error::VerbsError::Io {
+            .map_err(|error| crate::error::VerbsError::Io {
                 op: "spawn the XRC domain host thread",
-                source,
+                error,
             })?;
         host.threads.lock().push(t);
         tracing::debug!(xrcd, "hosting a shared XRC domain");

@@ -123,7 +123,7 @@ pub(crate) enum Attached {
 /// does for an XRC domain: the inode cannot be freed and reused by another file meanwhile,
 /// so a file deleted and created again names a new domain, never the old one.
 fn socket_name(path: &Path) -> Result<(Vec<u8>, std::fs::File), VerbsError> {
-    let io = |op| move |source| VerbsError::Io { op, source };
+    let io = |op| move |error| VerbsError::Io { op, error };
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -142,7 +142,7 @@ fn socket_name(path: &Path) -> Result<(Vec<u8>, std::fs::File), VerbsError> {
 /// yet, joins it otherwise.
 pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsError> {
     let (name, file) = socket_name(path)?;
-    let io = |op| move |source| VerbsError::Io { op, source };
+    let io = |op| move |error| VerbsError::Io { op, error };
     let addr = SockAddr::unix(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name))
         .map_err(io("XRC domain socket name"))?;
     // Already attached through this device?
@@ -194,7 +194,7 @@ pub(crate) fn open(dev: &Arc<Shared>, path: &Path) -> Result<Attached, VerbsErro
     }
     Err(VerbsError::Io {
         op: "join the shared XRC domain",
-        source: last.unwrap_or_else(|| std::io::Error::other("no host")),
+        error: last.unwrap_or_else(|| std::io::Error::other("no host")),
     })
 }
 
