@@ -8,7 +8,8 @@ use std::fmt;
 pub enum DisconnectCause {
     /// The peer closed the endpoint in an orderly way (everything it sent was delivered).
     PeerClosed,
-    /// This side closed the endpoint.
+    /// This side closed the endpoint (`close()`, or dropping it while open): what its own
+    /// calls and its `Event::Disconnected` report once the orderly close it started is done.
     LocalClose,
     /// The peer stopped answering: the transport exhausted its retries (peer dead, or every
     /// path down). Carries the completion status that reported it.

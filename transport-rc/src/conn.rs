@@ -285,6 +285,7 @@ pub(crate) fn register(
         detached: false,
         close_sent: false,
         peer_closed: false,
+        closed_here: false,
         send: SendWindow::new(0),
         recv,
         in_needy: false,

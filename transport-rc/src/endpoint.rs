@@ -462,6 +462,7 @@ impl Endpoint {
             if let Some(ep) = st.eps.get_mut(self.key) {
                 if ep.status == Status::Open {
                     ep.status = Status::Closing;
+                    ep.closed_here = true;
                 }
                 ep.close_deadline.get_or_insert(Instant::now() + timeout);
             }
@@ -657,6 +658,7 @@ impl Drop for Endpoint {
             ep.detached = true;
             if ep.status == Status::Open {
                 ep.status = Status::Closing;
+                ep.closed_here = true;
             }
             ep.close_deadline.get_or_insert(Instant::now() + timeout);
         }

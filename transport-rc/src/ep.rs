@@ -145,6 +145,9 @@ pub(crate) struct Ep {
     pub(crate) close_sent: bool,
     /// The peer's Close arrived.
     pub(crate) peer_closed: bool,
+    /// This side closed first (`close()` or a drop while open): the orderly end is then
+    /// reported as `LocalClose`, else as `PeerClosed`.
+    pub(crate) closed_here: bool,
 
     // Flow control.
     pub(crate) send: SendWindow,

@@ -83,9 +83,10 @@ impl Shared {
         let id = ep.id;
         if ep.close_event_due && !ep.has_pending_messages() {
             ep.close_event_due = false;
+            let cause = ep.down_cause().unwrap_or(DisconnectCause::PeerClosed);
             st.events.push(Event::Disconnected {
                 endpoint: id,
-                cause: DisconnectCause::PeerClosed,
+                cause,
             });
         }
         st.stats.delivered += 1;

@@ -156,7 +156,12 @@ impl Shared {
                 && ep.peer_closed
                 && ep.signaled_out == 0
             {
-                ep.status = Status::Down(DisconnectCause::PeerClosed);
+                let cause = if ep.closed_here {
+                    DisconnectCause::LocalClose
+                } else {
+                    DisconnectCause::PeerClosed
+                };
+                ep.status = Status::Down(cause.clone());
                 if ep.sleepers > 0 {
                     ep.cond.notify_all();
                 }
@@ -168,7 +173,7 @@ impl Shared {
                 } else {
                     st.events.push(Event::Disconnected {
                         endpoint: ep.id,
-                        cause: DisconnectCause::PeerClosed,
+                        cause,
                     });
                 }
             }

@@ -137,3 +137,33 @@ fn a_close_after_the_last_credit_went_on_unread_messages_is_orderly() {
     eprintln!("close returned after {took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
+
+/// The side that closes reports `LocalClose`, the other `PeerClosed` (both used to say
+/// `PeerClosed`).
+#[test]
+fn each_side_reports_who_closed() {
+    let (client, cep, server, sep) = connect_pair(Context::builder(), Context::builder());
+    cep.send(b"bye").unwrap();
+    cep.close().expect("close");
+    let cause = |r: rdmx_core::Result<rdmx_rc::Message>| match r {
+        Err(Error::Disconnected(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    use rdmx_core::DisconnectCause::{LocalClose, PeerClosed};
+    assert_eq!(cep.disconnect_cause(), Some(LocalClose));
+    assert_eq!(cause(cep.recv_timeout(Duration::from_secs(1))), LocalClose);
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"bye"
+    );
+    assert_eq!(cause(sep.recv_timeout(Duration::from_secs(5))), PeerClosed);
+    assert_eq!(sep.disconnect_cause(), Some(PeerClosed));
+    let closed = |ctx: &Context| {
+        std::iter::from_fn(|| ctx.poll_event()).find_map(|e| match e {
+            rdmx_core::Event::Disconnected { cause, .. } => Some(cause),
+            _ => None,
+        })
+    };
+    assert_eq!(closed(&client), Some(LocalClose));
+    assert_eq!(closed(&server), Some(PeerClosed));
+}
