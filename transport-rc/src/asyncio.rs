@@ -60,7 +60,20 @@ async fn wait_async<T>(
         }
         sh.vctx.yield_polling();
         let _sleeping = Sleeper::new(&sh.sleepers);
-        let _ = tokio::time::timeout(delay, notified).await;
+        // Woken by a completion (`notified`) or by the delay, whichever comes first. The
+        // delay needs no runtime timer: a runtime built without `enable_time` used to make
+        // this panic.
+        let mut timer = crate::async_timer::Delay::new(delay);
+        std::future::poll_fn(|cx| {
+            if notified.as_mut().poll(cx).is_ready()
+                || std::pin::Pin::new(&mut timer).poll(cx).is_ready()
+            {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
         delay = (delay * 2).min(Duration::from_millis(5));
     }
 }
@@ -188,7 +201,7 @@ impl crate::Listener {
     /// # Errors
     /// As `accept`.
     pub async fn accept_async(&self) -> Result<Endpoint> {
-        let tcp = self.tcp.try_clone().map_err(|source| {
+        let tcp = self.tcp.try_clone().map_err(|error| {
             Error::Bootstrap(bootstrap::BootstrapError::Io {
                 op: "dup the listening socket",
                 error,

@@ -31,6 +31,8 @@
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "tokio")]
+mod async_timer;
+#[cfg(feature = "tokio")]
 mod asyncio;
 mod conn;
 mod context;

@@ -260,3 +260,34 @@ async fn connect_and_accept_without_blocking_the_runtime() {
     drop(dead);
     assert!(client.connect_async(dead_addr).await.is_err());
 }
+
+/// The async calls need no runtime timer: on a runtime built without `enable_time`,
+/// `recv_async` used to panic ("timers are disabled"). A one-way stream over 4 credits makes
+/// the sender wait for grants, which arrive by RDMA WRITE and are found by the delays.
+#[test]
+fn a_runtime_without_timers_is_enough() {
+    let (_c, cep, _s, sep) = pair(|| Context::builder().credits(4).srq_depth(16));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    rt.block_on(async {
+        let receiver = async {
+            for i in 0..200u32 {
+                let m = sep.recv_async().await.unwrap();
+                assert_eq!(m[..], i.to_le_bytes(), "message {i}");
+            }
+        };
+        let sender = async {
+            for i in 0..200u32 {
+                cep.send_async(&i.to_le_bytes()).await.unwrap();
+            }
+        };
+        tokio::join!(receiver, sender);
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+}
