@@ -22,8 +22,11 @@ fn pair_with(b: impl Fn() -> rdmx_rc::ContextBuilder) -> (Context, Endpoint, Con
 /// A pair with the default thresholds pinned (the builder beats `RDMX_*`): the tests count
 /// on which protocol each size takes. The transport still follows `RDMX_TRANSPORT`.
 fn pair() -> (Context, Endpoint, Context, Endpoint) {
+    // The receive queue is pinned: several tests send more than a small queue holds before
+    // they read (`RDMX_SRQ_DEPTH=16` made them block in `send`).
     pair_with(|| {
         Context::builder()
+            .srq_depth(512)
             .pool_max(128 << 20)
             .inline_threshold(188)
             .rndv_threshold(32 << 10)

@@ -209,6 +209,7 @@ fn server() -> (Context, rdmx_rc::Listener) {
     let ctx = Context::builder()
         .transport(TransportKind::Rc)
         .credits(8)
+        .srq_depth(512)
         .max_message(1 << 20)
         .peer_timeout(Duration::from_millis(500))
         .build()

@@ -8,7 +8,13 @@ use std::time::{Duration, Instant};
 
 use common::connect_pair;
 use rdmx_core::Error;
-use rdmx_rc::Context;
+use rdmx_rc::{Context, ContextBuilder};
+
+/// A builder with the default receive queue pinned: what fits beside it, and how many
+/// credits a sender gets, depend on it (`RDMX_SRQ_DEPTH` must not change the tests).
+fn depth() -> ContextBuilder {
+    Context::builder().srq_depth(512)
+}
 
 /// A receiver whose pool cannot hold the default largest message beside its receive
 /// buffers (64 MiB of pool, about 16 MiB of them posted for good) advertises what it can
@@ -17,8 +23,8 @@ use rdmx_rc::Context;
 /// behind it.
 #[test]
 fn a_message_the_receivers_pool_cannot_hold_is_refused_at_once() {
-    let small = || Context::builder().pool_max(64 << 20);
-    let (client, cep, server, sep) = connect_pair(small(), Context::builder());
+    let small = || depth().pool_max(64 << 20);
+    let (client, cep, server, sep) = connect_pair(small(), depth());
     let largest = server.config().max_message;
     assert!(
         largest < 64 << 20 && largest > 32 << 20,
@@ -55,7 +61,7 @@ fn a_message_the_receivers_pool_cannot_hold_is_refused_at_once() {
 /// for ever.
 #[test]
 fn a_buffer_the_local_pool_cannot_hold_is_refused_at_once() {
-    let ctx = Context::builder().pool_max(40 << 20).build().unwrap();
+    let ctx = depth().pool_max(40 << 20).build().unwrap();
     let start = Instant::now();
     assert!(matches!(ctx.alloc(40 << 20), Err(Error::PoolCapacity(_))));
     assert!(matches!(ctx.alloc(30 << 20), Err(Error::PoolCapacity(_))));
@@ -70,8 +76,7 @@ fn a_buffer_the_local_pool_cannot_hold_is_refused_at_once() {
     assert_eq!(b.len(), largest);
     drop(b);
 
-    let (_client, cep, _server, _sep) =
-        connect_pair(Context::builder(), Context::builder().pool_max(40 << 20));
+    let (_client, cep, _server, _sep) = connect_pair(depth(), depth().pool_max(40 << 20));
     let start = Instant::now();
     match cep.send_timeout(&vec![1u8; 30 << 20], Duration::from_secs(5)) {
         Err(Error::MessageTooLarge { .. } | Error::PoolCapacity(_)) => {}
@@ -87,7 +92,7 @@ fn a_buffer_the_local_pool_cannot_hold_is_refused_at_once() {
 /// `config()` reports the values that apply, not the requested ones.
 #[test]
 fn the_config_reports_effective_values() {
-    let ctx = Context::builder()
+    let ctx = depth()
         .inline_threshold(4096)
         .pool_max(64 << 20)
         .build()
@@ -105,7 +110,7 @@ fn the_config_reports_effective_values() {
 /// its Close needs (`Recall::closing`).
 #[test]
 fn a_close_after_the_last_credit_went_on_unread_messages_is_orderly() {
-    let (client, cep, _server, sep) = connect_pair(Context::builder(), Context::builder());
+    let (client, cep, _server, sep) = connect_pair(depth(), depth());
     let n = client.config().credits;
     let msg = |i: u32| {
         let mut v = vec![(i % 251) as u8; 1 << 20];
@@ -142,7 +147,7 @@ fn a_close_after_the_last_credit_went_on_unread_messages_is_orderly() {
 /// `PeerClosed`).
 #[test]
 fn each_side_reports_who_closed() {
-    let (client, cep, server, sep) = connect_pair(Context::builder(), Context::builder());
+    let (client, cep, server, sep) = connect_pair(depth(), depth());
     cep.send(b"bye").unwrap();
     cep.close().expect("close");
     let cause = |r: rdmx_core::Result<rdmx_rc::Message>| match r {

@@ -7,8 +7,11 @@ use std::time::Duration;
 use rdmx_rc::{Context, Endpoint, SharedBytes};
 
 fn pair(regcache_max: usize) -> (Context, Endpoint, Context, Endpoint) {
+    // The receive queue is pinned: a test sends more than a small queue holds before it
+    // reads.
     let b = || {
         Context::builder()
+            .srq_depth(512)
             .pool_max(128 << 20)
             .regcache_max(regcache_max)
     };
