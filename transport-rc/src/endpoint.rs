@@ -239,9 +239,15 @@ impl Endpoint {
             .is_some_and(|e| e.status == Status::Open)
     }
 
-    /// Why the endpoint is down, if it is.
+    /// Why the endpoint is down, if it is. Once `recv` has reported the peer's orderly
+    /// close (every message before it taken), this says `PeerClosed` too, even while our
+    /// answering Close is still on its way.
     pub fn disconnect_cause(&self) -> Option<DisconnectCause> {
-        self.sh.state.lock().eps.get(self.key)?.down_cause()
+        let st = self.sh.state.lock();
+        let ep = st.eps.get(self.key)?;
+        ep.down_cause().or_else(|| {
+            matches!(ep.inbox.front(), Some(Inbound::Closed)).then_some(DisconnectCause::PeerClosed)
+        })
     }
 
     // ------------------------------------------------------------------ sending

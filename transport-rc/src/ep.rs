@@ -23,8 +23,10 @@ pub(crate) struct RecallState {
     pub(crate) starving: bool,
     /// We told the peer we close with no credit for the Close.
     pub(crate) closing: bool,
-    /// The peer closes with no credit for its Close, and we granted it the one it needs
-    /// (once: that credit can carry nothing else).
+    /// The peer closes with no credit for its Close: its window may exceed the target by
+    /// one until it is granted (`distribute`).
+    pub(crate) close_wanted: bool,
+    /// ... and that credit was granted (once: it can carry nothing but the Close).
     pub(crate) close_granted: bool,
     /// Since when we have been out of credits with something to send.
     pub(crate) starved_since: Option<Instant>,

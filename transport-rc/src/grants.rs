@@ -118,7 +118,7 @@ impl Shared {
         }
         loop {
             let queued = st.budget.posted + st.pending_posts.len() as u64;
-            if queued >= depth || queued + st.held >= 2 * depth {
+            if queued >= depth || queued + st.held >= 2 * depth + st.close_wanted {
                 break;
             }
             match self.pool.try_alloc(self.cfg.recv_buf_size()) {
@@ -146,6 +146,18 @@ impl Shared {
 
     /// Hands spare posted buffers to endpoints below their target window.
     pub(crate) fn distribute(&self, st: &mut State) {
+        if st.close_wanted > 0 && st.budget.spare() > 0 {
+            // A Close waiting for its credit goes first: it is the last message, and its
+            // buffer may be the one posted beyond the bound for it.
+            let (first, rest): (
+                std::collections::VecDeque<usize>,
+                std::collections::VecDeque<usize>,
+            ) = std::mem::take(&mut st.needy)
+                .into_iter()
+                .partition(|&k| st.eps.get(k).is_some_and(|ep| ep.recall.close_wanted));
+            st.needy = first;
+            st.needy.extend(rest);
+        }
         let mut rounds = st.needy.len();
         while st.budget.spare() > 0 && rounds > 0 {
             rounds -= 1;
@@ -159,9 +171,20 @@ impl Shared {
             }
             let target = st.budget.target();
             // Undelivered rendezvous messages occupy the window like unread eager ones.
-            let window = target.saturating_sub(ep.rndv_queued);
+            let mut window = target.saturating_sub(ep.rndv_queued);
+            if ep.recall.close_wanted {
+                // The peer closes with no credit left (see `recall::tick`).
+                window = window.max(1);
+            }
             while ep.recv.outstanding() < window && st.budget.spare() > 0 {
-                st.budget.grant(&mut ep.recv);
+                if !st.budget.grant(&mut ep.recv) {
+                    break;
+                }
+            }
+            if ep.recall.close_wanted && ep.recv.outstanding() > 0 {
+                ep.recall.close_wanted = false;
+                ep.recall.close_granted = true;
+                st.close_wanted = st.close_wanted.saturating_sub(1);
             }
             let told = ep.recv.advertised.wrapping_sub(ep.recv.received);
             // Tell the peer once it is down to half its window, and then only with a

@@ -279,6 +279,7 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
+    let mut closing = Vec::new();
     let mut gone = Vec::new();
     for &k in &keys {
         if !st
@@ -307,16 +308,16 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
             starving.push(k);
         }
         let idle_sender = !ep.waits_to_send();
-        let close_needs = theirs.closing && !ep.recall.close_granted && ep.recv.outstanding() == 0;
-        if close_needs {
+        if theirs.closing && !ep.recall.close_granted && ep.recv.outstanding() == 0 {
             // Its Close needs a credit that its window, full of messages our application
-            // has not taken yet, would not give it: one more, once.
-            if st.budget.spare() > 0 {
-                ep.recall.close_granted = true;
-                ep.recv.granted = ep.recv.granted.wrapping_add(1);
-                st.budget.outstanding += 1;
-                st.dirty.push(k);
-            } else if starving.last() != Some(&k) {
+            // has not taken yet, would not give it: one more, once (`distribute`). With no
+            // buffer spare, it starves like any sender.
+            if !ep.recall.close_wanted {
+                ep.recall.close_wanted = true;
+                st.close_wanted += 1;
+            }
+            closing.push(k);
+            if st.budget.spare() == 0 && starving.last() != Some(&k) {
                 starving.push(k);
             }
         }
@@ -324,6 +325,9 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     }
     for k in gone {
         sh.fail(st, k, DisconnectCause::PeerAborted);
+    }
+    for k in closing {
+        sh.mark_needy(st, k);
     }
     // Scan again soon while a peer starves, and now and then while every buffer is promised
     // and some endpoint holds no credit (one may start starving unnoticed).

@@ -59,11 +59,15 @@ impl Shared {
                 self.discard_after_gap(st, k, gap);
             }
             if c.status != WcStatus::WrFlushErr {
-                self.fail_qp(
-                    st,
-                    c.qp_num.0,
-                    DisconnectCause::TransportError(format!("rendezvous read: {:?}", c.status)),
-                );
+                // A peer that stopped answering is unreachable, as for any other work
+                // request (it was reported as a transport error).
+                let cause = match c.status {
+                    WcStatus::RetryExcErr => DisconnectCause::PeerUnreachable(
+                        "transport retries exhausted (rendezvous read)".into(),
+                    ),
+                    s => DisconnectCause::TransportError(format!("rendezvous read: {s:?}")),
+                };
+                self.fail_qp(st, c.qp_num.0, cause);
             }
         }
     }

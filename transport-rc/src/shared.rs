@@ -123,6 +123,11 @@ pub(crate) struct State {
     pub(crate) budget: Budget,
     /// Eager receive buffers held by the application or queued in inboxes.
     pub(crate) held: u64,
+    /// Endpoints whose peer closes with no credit left and waits for one
+    /// (`RecallState::close_wanted`): each may have one buffer posted beyond the bound
+    /// that `held` sets, so that a Close gets through even when the application holds a
+    /// full queue's worth of messages.
+    pub(crate) close_wanted: u64,
     pub(crate) needy: VecDeque<usize>,
     /// A peer starved at the last recall scan: scan again after `recall::PRESSURE_SCAN`.
     pub(crate) recall_pressure: bool,
@@ -174,6 +179,7 @@ impl State {
             pending_posts: Vec::new(),
             budget: Budget::new(cfg.srq_depth, cfg.credits),
             held: 0,
+            close_wanted: 0,
             needy: VecDeque::new(),
             recall_pressure: false,
             recall_watch: false,

@@ -207,6 +207,9 @@ impl Shared {
             st.by_qpn.remove(&ep.qpn);
         }
         st.budget.remove_endpoint(&ep.recv);
+        if ep.recall.close_wanted {
+            st.close_wanted = st.close_wanted.saturating_sub(1);
+        }
         st.needy.retain(|&x| x != k);
         st.ready.retain(|&x| x != k);
         st.dirty.retain(|&x| x != k);

@@ -163,12 +163,79 @@ fn each_side_reports_who_closed() {
     );
     assert_eq!(cause(sep.recv_timeout(Duration::from_secs(5))), PeerClosed);
     assert_eq!(sep.disconnect_cause(), Some(PeerClosed));
+    // The events come once each side is down (ours once our answering Close is out).
     let closed = |ctx: &Context| {
-        std::iter::from_fn(|| ctx.poll_event()).find_map(|e| match e {
-            rdmx_core::Event::Disconnected { cause, .. } => Some(cause),
-            _ => None,
-        })
+        let deadline = Instant::now() + Duration::from_secs(5);
+        std::iter::from_fn(|| ctx.wait_event(deadline.saturating_duration_since(Instant::now())))
+            .find_map(|e| match e {
+                rdmx_core::Event::Disconnected { cause, .. } => Some(cause),
+                _ => None,
+            })
     };
     assert_eq!(closed(&client), Some(LocalClose));
     assert_eq!(closed(&server), Some(PeerClosed));
+}
+
+/// The same close when the receiver has no buffer spare at all: its application holds a
+/// queue's worth of unread messages (so no buffer is posted again) and idle endpoints hold
+/// the credits of the rest. The Close's credit is recalled from them, as a starving
+/// sender's would be.
+#[test]
+fn a_close_with_no_credit_and_no_spare_buffer_is_orderly() {
+    let server = depth().srq_depth(32).credits(8).build().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let acceptor = std::thread::spawn(move || {
+        (0..4)
+            .map(|_| listener.accept_timeout(Duration::from_secs(10)).unwrap())
+            .collect::<Vec<_>>()
+    });
+    let client = depth().build().unwrap();
+    let eps: Vec<_> = (0..4).map(|_| client.connect(addr).unwrap()).collect();
+    let seps = acceptor.join().unwrap();
+    let msg = |i: u32| vec![i as u8; 1000];
+    // The first endpoint sends until no credit comes any more (100 ms of WouldBlock).
+    let mut sent = 0u32;
+    let mut blocked_since: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blocked_since.is_none_or(|t| t.elapsed() < Duration::from_millis(100)) {
+        assert!(Instant::now() < deadline, "the sender never ran out");
+        match eps[0].try_send(&msg(sent)) {
+            Ok(()) => {
+                sent += 1;
+                blocked_since = None;
+            }
+            Err(Error::WouldBlock) => {
+                blocked_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        sent >= 32,
+        "{sent} messages: the receiver's queue was not filled"
+    );
+    let start = Instant::now();
+    if let Err(e) = eps[0].close() {
+        panic!(
+            "close after {sent} messages: {e}\nserver {:?}\nclient {:?}",
+            server.stats(),
+            client.stats()
+        );
+    }
+    let took = start.elapsed();
+    for i in 0..sent {
+        let m = seps[0].recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(m[..], msg(i)[..], "message {i}");
+    }
+    assert!(matches!(
+        seps[0].recv_timeout(Duration::from_secs(5)),
+        Err(Error::Disconnected(rdmx_core::DisconnectCause::PeerClosed))
+    ));
+    eprintln!(
+        "{sent} messages, close returned after {took:?}; {} credits recalled",
+        server.stats().credits_recalled
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

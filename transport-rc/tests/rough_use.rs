@@ -1614,10 +1614,14 @@ fn a_huge_peer_timeout() {
     drop(sep);
 }
 
-/// The sender fills a peer that reads nothing, then closes: the close cannot be delivered
-/// (no credit) and times out after the peer timeout, which takes the endpoint down
+/// The sender fills a peer that reads nothing with rendezvous messages, more than the
+/// peer's pool can read ahead, then closes: the unread ones stay at the sender, so the
+/// close cannot drain and times out after the peer timeout, which takes the endpoint down
 /// locally. Returns how the peer's receive ends once it starts reading, and when (after
 /// the close returned).
+///
+/// (This used eager messages into a full receive queue until a closing sender could get a
+/// credit for its Close beyond a full window: that close now succeeds, see `limits.rs`.)
 fn close_into_a_full_peer(transport: rdmx_core::bootstrap::TransportKind) -> (Error, Duration) {
     let timeout = Duration::from_millis(300);
     let b = || {
@@ -1625,17 +1629,20 @@ fn close_into_a_full_peer(transport: rdmx_core::bootstrap::TransportKind) -> (Er
             .transport(transport)
             .credits(4)
             .srq_depth(16)
+            .pool_max(8 << 20)
             .peer_timeout(timeout)
     };
     let (_c, cep, _s, sep) = pair_with(b);
+    // 3 MiB messages take a 4 MiB buffer each: the peer's pool reads one ahead.
+    let len = 3 << 20;
     let mut sent = 0u32;
     loop {
-        match cep.send_timeout(&msg(12, sent, 300), Duration::from_millis(100)) {
+        match cep.send_shared_timeout(msg(12, sent, len), Duration::from_millis(100)) {
             Ok(()) => sent += 1,
             Err(Error::Timeout(_)) => break,
             Err(e) => panic!("{e}"),
         }
-        assert!(sent < 10_000);
+        assert!(sent < 100);
     }
     let r = cep.close();
     assert!(matches!(r, Err(Error::Timeout(_))), "close -> {r:?}");
@@ -1650,7 +1657,8 @@ fn close_into_a_full_peer(transport: rdmx_core::bootstrap::TransportKind) -> (Er
             Err(e) => break e,
         }
     };
-    assert_eq!(n, sent);
+    // A prefix arrives (what was read before the sender went down), then the error.
+    assert!(n >= 1 && n < sent, "{n} of {sent} messages");
     (err, closed.elapsed())
 }
 
