@@ -208,6 +208,7 @@ impl crate::Listener {
             })
         })?;
         let ctx = self.ctx.clone();
+        let exchanges = Arc::clone(&self.exchanges);
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(Arc::clone(&cancelled));
         let task = tokio::task::spawn_blocking(move || {
@@ -215,10 +216,8 @@ impl crate::Listener {
                 if cancelled.load(Ordering::Acquire) {
                     return Err(Error::Timeout(Duration::ZERO));
                 }
-                if let Some((stream, peer)) =
-                    bootstrap::accept_until(&tcp, Instant::now() + ACCEPT_SLICE)?
-                    && let Some(ep) = crate::conn::accept(&ctx, stream, peer)?
-                {
+                let until = Some(Instant::now() + ACCEPT_SLICE);
+                if let Some(ep) = crate::accept::accept_until(&ctx, &tcp, &exchanges, until)? {
                     return Ok(ep);
                 }
             }

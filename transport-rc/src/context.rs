@@ -343,6 +343,7 @@ impl Context {
             ctx: self.clone(),
             tcp,
             local,
+            exchanges: Arc::new(crate::accept::Exchanges::new()),
         })
     }
 
@@ -541,6 +542,8 @@ pub struct Listener {
     pub(crate) ctx: Context,
     pub(crate) tcp: TcpListener,
     local: SocketAddr,
+    /// Exchanges with peers under way (`accept.rs`).
+    pub(crate) exchanges: Arc<crate::accept::Exchanges>,
 }
 
 impl Listener {
@@ -553,6 +556,12 @@ impl Listener {
     /// during the exchange gives an error (and is told why when possible); the listener stays
     /// usable.
     ///
+    /// Exchanges with several peers run at once (up to 64, each on a thread of its own),
+    /// and this returns whichever finishes first: a peer that connects and then says
+    /// nothing holds no other back. An exchange still running when the call returns goes
+    /// on, and a later call returns its endpoint; one still running when the listener is
+    /// dropped ends, and its endpoint is closed.
+    ///
     /// An XRC context runs its exchanges one at a time. When another one (this context's own
     /// connect, say) does not finish within 20 ms, the peer is asked to connect again
     /// (`bootstrap::REJECT_BUSY`) and this call goes on to the next connection, so that two
@@ -562,9 +571,9 @@ impl Listener {
     /// `Bootstrap` for a failed exchange, `Verbs` for queue pair set-up failures.
     pub fn accept(&self) -> Result<Endpoint> {
         loop {
-            let (stream, peer) = bootstrap::accept(&self.tcp)?;
-            // `None`: declined for now (the peer connects again).
-            if let Some(ep) = crate::conn::accept(&self.ctx, stream, peer)? {
+            if let Some(ep) =
+                crate::accept::accept_until(&self.ctx, &self.tcp, &self.exchanges, None)?
+            {
                 return Ok(ep);
             }
         }
@@ -579,15 +588,14 @@ impl Listener {
     /// `Timeout`, or as `accept`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
         let start = Instant::now();
-        loop {
-            let Some((stream, peer)) = bootstrap::accept_until(&self.tcp, far(start, timeout))?
-            else {
-                return Err(Error::Timeout(start.elapsed()));
-            };
-            // `None`: declined for now (the peer connects again).
-            if let Some(ep) = crate::conn::accept(&self.ctx, stream, peer)? {
-                return Ok(ep);
-            }
+        match crate::accept::accept_until(
+            &self.ctx,
+            &self.tcp,
+            &self.exchanges,
+            Some(far(start, timeout)),
+        )? {
+            Some(ep) => Ok(ep),
+            None => Err(Error::Timeout(start.elapsed())),
         }
     }
 

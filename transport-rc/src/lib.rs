@@ -30,6 +30,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod accept;
 #[cfg(feature = "tokio")]
 mod async_timer;
 #[cfg(feature = "tokio")]

@@ -239,3 +239,44 @@ fn a_close_with_no_credit_and_no_spare_buffer_is_orderly() {
     );
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
+
+/// A peer that connects to a listener and then says nothing holds no other peer back: the
+/// exchanges run at once. Before, the listener waited for the silent one's frame for the
+/// whole connect timeout, and the real client's connect timed out meanwhile.
+#[test]
+fn a_silent_peer_holds_no_other_back() {
+    use std::io::Write;
+    let server = depth()
+        .connect_timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let acceptor = std::thread::spawn(move || {
+        (0..2)
+            .map(|_| listener.accept_timeout(Duration::from_secs(10)))
+            .collect::<Vec<_>>()
+    });
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    silent.write_all(b"RDMX\0").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let client = depth().build().unwrap();
+    let start = Instant::now();
+    let cep = client.connect(addr).expect("connect behind a silent peer");
+    let took = start.elapsed();
+    cep.send(b"through").unwrap();
+    let results = acceptor.join().unwrap();
+    let mut results = results.into_iter();
+    let sep = results.next().unwrap().expect("the real client first");
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"through"
+    );
+    match results.next().unwrap() {
+        Err(Error::Bootstrap(e)) => eprintln!("the silent peer: {e}"),
+        other => panic!("the silent peer: {other:?}"),
+    }
+    drop(silent);
+    eprintln!("connect behind a silent peer took {took:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
