@@ -339,6 +339,15 @@ pub(crate) fn background(sh: &Arc<Shared>) {
                 tick
             };
         }
+        // Our progress call claimed the device's sockets as a poller would (the soft NIC's
+        // engine thread then leaves them alone for 2 ms): hand them back before sleeping,
+        // unless an application thread is spinning (it polls them itself, and the engine
+        // thread would compete). Without this, a packet that arrived while we slept waited
+        // up to 2 ms for anybody to read it: message latency without busy polling had a
+        // p99 of 1.1 ms, and a 64 KiB rendezvous round took 1.3 ms at p50.
+        if sh.spinners.load(Ordering::Acquire) == 0 {
+            sh.vctx.yield_polling();
+        }
         // While an application thread polls, stay asleep for a whole tick: a thread that
         // stops polling to sleep arms the completion queue first, which wakes us at once,
         // and waking up more often only steals the polling thread's CPU. While a peer
