@@ -206,6 +206,13 @@ impl Shared {
         if st.by_qpn.get(&ep.qpn) == Some(&k) {
             st.by_qpn.remove(&ep.qpn);
         }
+        // XRC: the context's initiator towards a node goes with the last endpoint on it (held
+        // then by the table and this endpoint only; an exchange under way holds it too). The
+        // next endpoint to that node makes a new one.
+        if self.node.is_some() {
+            st.initiators
+                .retain(|_, i| !(Arc::ptr_eq(&i.qp, &ep.qp) && Arc::strong_count(&ep.qp) <= 2));
+        }
         st.budget.remove_endpoint(&ep.recv);
         if ep.recall.close_wanted {
             st.close_wanted = st.close_wanted.saturating_sub(1);

@@ -468,11 +468,11 @@ pub(crate) fn accept(
             .xrc_target
             .ok_or_else(|| Error::Protocol("the second XRC hello has no target".into()))?;
         let my_target = target_for(sh, &node, &peer)?;
-        // The peer sends as soon as it has our target (before we finish here): route what
-        // arrives through it to this endpoint first.
-        attach(sh, key, Arc::clone(&ini), my_target);
+        // The peer sends as soon as it has our target: finish here first (as RC's accept
+        // completes before its Accept), so that `accept` returns as soon as the peer can send.
+        finish(sh, key, ini, my_target, their_target, &peer)?;
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
-        finish(sh, key, ini, my_target, their_target, &peer)
+        Ok(())
     })();
     crate::conn::settle(sh, key, id, result, "accepted (xrc)", from).map(Some)
 }

@@ -169,13 +169,15 @@ fn newcomer_sends(eps: &[Endpoint], receiver: &Endpoint) -> Duration {
 
 /// More endpoints than the shared receive queue can back at the configured window: idle
 /// endpoints hold every credit, and a newcomer that starts with none must still get to send,
-/// without any RNR NAK. Its own context sees it starve first, and lends it the idle
-/// endpoints' credits: they give them back to the server unasked, with a signal.
+/// without any RNR NAK. Either the server feeds it when it connects (recalling the idle
+/// endpoints' credits) or its own context sees it starve first and lends it theirs (they
+/// give them back to the server unasked, with a signal); which comes first is a matter of
+/// microseconds, so either counts. (`more_busy_clients_than_buffers_keep_going` checks
+/// that lending happens.)
 #[test]
 fn idle_endpoints_give_credits_back() {
     let (server, client, eps, server_eps) = fan_in(64, 32, 6);
     let took = newcomer_sends(&eps, server_eps.last().unwrap());
-    assert!(client.stats().credits_lent > 0, "{:?}", client.stats());
     assert!(server.stats().credits_recalled > 0);
     assert_eq!(server.device_counters().rnr_naks_sent, 0);
     eprintln!(
@@ -427,6 +429,7 @@ fn more_busy_clients_than_buffers_keep_going() {
             assert_eq!(ctx.device_counters().rnr_naks_sent, 0);
             assert_eq!(ctx.stats().protocol_errors, 0);
         }
+        assert!(client.stats().credits_lent > 0, "{:?}", client.stats());
         // Far above what it takes now (under 2 s here in a debug build), far below the
         // crawl (3,000 round trips at 60 a second).
         assert!(took < Duration::from_secs(25), "{transport:?}: {took:?}");

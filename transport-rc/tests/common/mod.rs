@@ -134,20 +134,28 @@ pub fn serve_echo_node(
         .map(|l| l.local_addr().to_string())
         .collect();
     println!("LISTEN {}", addrs.join(" "));
+    // The most initiators the node's contexts had at once while serving (they go with
+    // their last endpoint, so counting at the end would find none).
+    let all: std::sync::Arc<Vec<rdmx_rc::Context>> = std::sync::Arc::new(ctxs.to_vec());
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // One acceptor per listener (the parent connects to them in any order), one echo
     // thread per endpoint.
     let acceptors: Vec<_> = listeners
         .into_iter()
         .map(|l| {
+            let (all, peak) = (all.clone(), peak.clone());
             std::thread::spawn(move || {
                 let mut echoers = Vec::new();
                 for _ in 0..per_listener {
                     let ep = l.accept_timeout(wait).expect("accept");
+                    let (all, peak) = (all.clone(), peak.clone());
                     echoers.push(std::thread::spawn(move || {
                         loop {
                             match ep.recv_timeout(wait) {
                                 Ok(m) => {
-                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo")
+                                    ep.send_timeout(&m, Duration::from_secs(10)).expect("echo");
+                                    let n = all.iter().map(rdmx_rc::Context::queue_pairs).sum();
+                                    peak.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
                                 }
                                 Err(rdmx_core::Error::Disconnected(_)) => break,
                                 Err(e) => panic!("echo: {e}"),
@@ -164,7 +172,7 @@ pub fn serve_echo_node(
     for a in acceptors {
         a.join().expect("acceptor");
     }
-    let initiators: usize = ctxs.iter().map(rdmx_rc::Context::queue_pairs).sum();
+    let initiators = peak.load(std::sync::atomic::Ordering::Relaxed);
     println!(
         "COUNTS initiators={initiators} targets={}",
         node.target_qps()

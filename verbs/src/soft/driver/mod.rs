@@ -180,6 +180,45 @@ fn pcap_if_open() -> Option<Option<&'static Mutex<PcapWriter>>> {
     PCAP.get().map(Option::as_ref)
 }
 
+/// The process's soft devices, for [`release_acks_at_exit`].
+static DEVICES: Mutex<Vec<Weak<Shared>>> = parking_lot::const_mutex(Vec::new());
+
+/// Adds a device to [`DEVICES`] (registering the exit hook with the first one).
+fn register_device(dev: &Arc<Shared>) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        if !sys::at_exit(release_acks_at_exit) {
+            tracing::debug!("atexit refused; ACKs held at exit may be lost");
+        }
+    });
+    let mut devs = DEVICES.lock();
+    devs.retain(|d| d.strong_count() > 0);
+    devs.push(Arc::downgrade(dev));
+}
+
+/// Sends, at process exit, the ACKs every device still holds back for coalescing. The
+/// application may have seen the completion of a request (a peer's last message, its
+/// Close) before the ACK left; a process that exits then would leave the peer retrying until
+/// it gives up ("transport retries exhausted") on a peer that closed cleanly. A queue pair
+/// that is destroyed sends its held ACK, but one that outlives the application's objects
+/// (an XRC target belongs to the node, which a background thread may still hold) is never
+/// destroyed before the process ends. A lock held by another thread is not waited for long.
+extern "C" fn release_acks_at_exit() {
+    let devs: Vec<Arc<Shared>> = match DEVICES.try_lock_for(std::time::Duration::from_millis(20)) {
+        Some(d) => d.iter().filter_map(Weak::upgrade).collect(),
+        None => return,
+    };
+    for dev in devs {
+        if let Some(mut nic) = dev.nic.try_lock_for(std::time::Duration::from_millis(20))
+            && nic.has_held_acks()
+        {
+            let now = dev.now();
+            nic.flush_acks(now, 0);
+            dev.flush(nic, now);
+        }
+    }
+}
+
 /// Flushes the capture file (so a process that exits does not lose its tail).
 pub(crate) fn flush_pcap() {
     if let Some(p) = pcap() {
@@ -295,6 +334,7 @@ impl Shared {
             .spawn(move || engine_thread(weak))
             .map_err(io("spawn engine thread"))?;
         *shared.thread.lock() = Some(handle);
+        register_device(&shared);
         Ok(shared)
     }
 
