@@ -46,7 +46,7 @@ impl ClientConfig {
                 test.name()
             ))
         })?;
-        let transport = a.transport.verbs()?;
+        let transport = a.transport.unwrap_or(super::TransportArg::Rc).verbs()?;
         transport.check_test(test)?;
         let mut sizes = if a.size.is_empty() {
             match (test.is_lat(), transport) {

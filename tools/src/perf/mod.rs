@@ -302,9 +302,9 @@ pub(crate) struct PerfArgs {
     /// soft:127.0.0.1 (--layer msg)].
     #[arg(long, short = 'd')]
     device: Option<String>,
-    /// Transport.
-    #[arg(long, value_enum, default_value_t = TransportArg::Rc)]
-    transport: TransportArg,
+    /// Transport [default: rc; with --layer msg, $RDMX_TRANSPORT when set].
+    #[arg(long, value_enum)]
+    transport: Option<TransportArg>,
 }
 
 /// Parses `4096`, `4K`, `64k`, `1M`, `1G` (binary multiples).

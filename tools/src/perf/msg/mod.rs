@@ -213,8 +213,18 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     }
 }
 
-/// The message-layer transport for `--transport`.
-fn transport(arg: TransportArg) -> Result<MsgTransport> {
+/// The message-layer transport for `--transport`, else `RDMX_TRANSPORT` (as a context
+/// reads it), else RC.
+fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
+    let Some(arg) = arg else {
+        return match std::env::var("RDMX_TRANSPORT").as_deref() {
+            Err(_) | Ok("rc") => Ok(MsgTransport::Rc),
+            Ok("xrc") => Ok(MsgTransport::Xrc),
+            Ok(other) => Err(Error::msg(format!(
+                "RDMX_TRANSPORT={other}: the message layer runs over rc or xrc"
+            ))),
+        };
+    };
     match arg {
         TransportArg::Rc => Ok(MsgTransport::Rc),
         TransportArg::Xrc => Ok(MsgTransport::Xrc),
