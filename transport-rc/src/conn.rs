@@ -36,6 +36,15 @@ pub(crate) fn timeout_exponent(peer_timeout: Duration) -> u8 {
     t
 }
 
+/// How long an endpoint may be silent before it is probed with a keepalive: the peer
+/// timeout less what the probe's tries take (8 of the ACK timeout, rounded up to a power of
+/// two) and one background tick, so that a dead peer is reported within the peer timeout.
+/// (Probing after half the timeout overshot it: 3.5-3.7 s with a 3 s timeout.)
+pub(crate) fn probe_after(peer_timeout: Duration, tick: Duration) -> Duration {
+    let tries = Duration::from_nanos((4096u64 << timeout_exponent(peer_timeout)) * 8);
+    peer_timeout.saturating_sub(tries + tick)
+}
+
 pub(crate) fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -497,7 +506,7 @@ pub(crate) fn accept(
 /// timeout (a signaled mailbox write: a dead peer makes it exhaust its retries), and give up
 /// on closes that take longer than the peer timeout.
 pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
-    let half = sh.cfg.peer_timeout / 2;
+    let probe = probe_after(sh.cfg.peer_timeout, sh.keepalive_tick());
     let mut expired = Vec::new();
     for (k, ep) in st.eps.iter_mut() {
         if ep.linger_until.is_some_and(|t| now >= t) {
@@ -514,12 +523,15 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
         if !matches!(ep.status, Status::Open | Status::Closing) {
             continue;
         }
-        if now.duration_since(ep.last_rx) < half || ep.signaled_out > 0 {
+        if now.duration_since(ep.last_rx) < probe || ep.signaled_out > 0 {
             continue;
         }
+        // Probes are spaced the same way: a peer that dies right after answering one is
+        // found by the next within the peer timeout (spacing them half the timeout apart
+        // overshot it: 0.45 s with a 0.4 s timeout).
         if ep
             .keepalive_at
-            .is_some_and(|t| now.duration_since(t) < half)
+            .is_some_and(|t| now.duration_since(t) < probe)
         {
             continue;
         }
@@ -550,6 +562,21 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_leave_room_for_their_retries() {
+        for ms in [10u64, 200, 1000, 2000, 3000, 10_000] {
+            let t = Duration::from_millis(ms);
+            let tick = (t / 4).min(Duration::from_millis(100));
+            let tries = Duration::from_nanos((4096u64 << timeout_exponent(t)) * 8);
+            let probe = probe_after(t, tick);
+            assert!(probe + tries + tick <= t.max(tries + tick), "{ms} ms");
+        }
+        // 3 s: 8 tries of 268 ms, so probe after 0.75 s of silence (not 1.5 s).
+        let t = Duration::from_secs(3);
+        assert_eq!(timeout_exponent(t), 16);
+        assert!(probe_after(t, Duration::from_millis(100)) < Duration::from_millis(800));
+    }
 
     #[test]
     fn timeout_exponent_scales() {
