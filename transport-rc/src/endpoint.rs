@@ -460,7 +460,10 @@ impl Endpoint {
     /// still queued for this side can be received until then.
     ///
     /// # Errors
-    /// `Timeout` when the peer did not answer in time (the endpoint is down anyway).
+    /// `Timeout` when the peer did not answer in time (the endpoint is down anyway);
+    /// `Disconnected` with the cause when the endpoint had already gone down otherwise than
+    /// by an orderly close (a dead peer, say: nothing could be drained). Closing an endpoint
+    /// that is already closed in order succeeds.
     pub fn close(&self) -> Result<()> {
         let timeout = self.sh.cfg.peer_timeout;
         {
@@ -481,10 +484,13 @@ impl Endpoint {
             Some(timeout),
             |st| match st.eps.get(self.key) {
                 None => Some(Ok(())),
-                Some(ep) => ep.down_cause().map(|_| Ok(())),
+                Some(ep) => ep.down_cause().map(|c| match c {
+                    DisconnectCause::PeerClosed | DisconnectCause::LocalClose => Ok(()),
+                    other => Err(Error::Disconnected(other)),
+                }),
             },
         );
-        if r.is_err() {
+        if matches!(r, Err(Error::Timeout(_))) {
             let mut st = self.sh.state.lock();
             self.sh.fail(&mut st, self.key, DisconnectCause::LocalClose);
         }
