@@ -20,9 +20,11 @@ use crate::endpoint::Endpoint;
 /// Most exchanges a listener runs at once; further connections wait in the TCP backlog.
 pub(crate) const MAX_EXCHANGES: usize = 64;
 
-/// While exchanges run, how often the accepting thread also looks for new connections
-/// (and the other way round).
-const SLICE: Duration = Duration::from_millis(5);
+/// While exchanges run, how often the accepting thread looks at both new connections and
+/// finished exchanges: an endpoint is returned at most this long after its exchange ended
+/// (5 ms made a message from a new peer reach `Context::recv` that much before `accept`
+/// returned the peer's endpoint).
+const SLICE: Duration = Duration::from_millis(1);
 
 /// What one exchange gave: an endpoint, nothing (the peer was asked to come again), or an
 /// error.
