@@ -3,11 +3,15 @@
 //! A listener used to take one TCP connection at a time and run its exchange to the end, so
 //! a peer that connected and then said nothing held every other peer back for the whole
 //! connect timeout (5 s by default): their connects timed out. Now each exchange runs on
-//! a thread of its own, at most [`MAX_EXCHANGES`] at once, and `accept` returns whichever
-//! finishes first (an endpoint, or the error of a peer that misbehaved).
+//! a thread of its own, at most [`MAX_EXCHANGES`] at once.
+//!
+//! Outcomes (an endpoint, or the error of a peer that misbehaved) are handed out in the
+//! order the connections came, as a sequential client expects (it pairs its endpoints with
+//! the server's by order), except that an exchange still running after [`STUCK`] no longer
+//! holds back those behind it.
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -26,16 +30,30 @@ pub(crate) const MAX_EXCHANGES: usize = 64;
 /// returned the peer's endpoint).
 const SLICE: Duration = Duration::from_millis(1);
 
+/// How long an exchange may hold back the outcomes of later connections (an exchange takes
+/// about a millisecond; a silent peer's takes the connect timeout).
+const STUCK: Duration = Duration::from_millis(20);
+
 /// What one exchange gave: an endpoint, nothing (the peer was asked to come again), or an
 /// error.
 type Outcome = Result<Option<Endpoint>>;
 
+#[derive(Debug, Default)]
+struct Order {
+    /// Sequence number of the next connection.
+    next: u64,
+    /// Exchanges under way: when each started.
+    running: BTreeMap<u64, Instant>,
+    /// Outcomes not handed out yet.
+    finished: BTreeMap<u64, Outcome>,
+}
+
 /// The exchanges of one listener that are under way, and their outcomes.
 #[derive(Debug)]
 pub(crate) struct Exchanges {
-    done_tx: mpsc::Sender<Outcome>,
-    done_rx: Mutex<mpsc::Receiver<Outcome>>,
-    running: AtomicUsize,
+    done_tx: mpsc::Sender<(u64, Outcome)>,
+    done_rx: Mutex<mpsc::Receiver<(u64, Outcome)>>,
+    order: Mutex<Order>,
 }
 
 impl Exchanges {
@@ -44,50 +62,80 @@ impl Exchanges {
         Self {
             done_tx,
             done_rx: Mutex::new(done_rx),
-            running: AtomicUsize::new(0),
+            order: Mutex::new(Order::default()),
         }
     }
 
-    /// A finished exchange's outcome, waiting for one until `until` (not at all when
-    /// `until` has passed).
-    fn finished(&self, until: Option<Instant>) -> Option<Outcome> {
+    /// Exchanges started whose outcome was not handed out yet.
+    fn pending(&self) -> usize {
+        let o = self.order.lock();
+        o.running.len() + o.finished.len()
+    }
+
+    /// Moves finished exchanges' outcomes from the channel into the order, waiting for one
+    /// until `until` (not at all when `None`).
+    fn collect(&self, until: Option<Instant>) {
         let rx = self.done_rx.lock();
-        match until {
+        let first = match until {
             None => rx.try_recv().ok(),
             Some(t) => rx
                 .recv_timeout(t.saturating_duration_since(Instant::now()))
                 .ok(),
+        };
+        let mut o = self.order.lock();
+        for (seq, outcome) in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
+            o.running.remove(&seq);
+            o.finished.insert(seq, outcome);
         }
+    }
+
+    /// The next outcome to hand out: the earliest finished one, if every connection before
+    /// it has finished too or is stuck.
+    fn next_outcome(&self) -> Option<Outcome> {
+        let mut o = self.order.lock();
+        let (&seq, _) = o.finished.iter().next()?;
+        let now = Instant::now();
+        let held_back = o
+            .running
+            .range(..seq)
+            .any(|(_, &started)| now.duration_since(started) < STUCK);
+        if held_back {
+            return None;
+        }
+        o.finished.remove(&seq)
     }
 
     /// Runs the exchange with a peer that just connected, on a thread of its own.
     fn start(&self, ctx: &Context, stream: TcpStream, peer: SocketAddr) {
+        let seq = {
+            let mut o = self.order.lock();
+            let seq = o.next;
+            o.next += 1;
+            o.running.insert(seq, Instant::now());
+            seq
+        };
         let ctx2 = ctx.clone();
         let tx = self.done_tx.clone();
-        // Counted until its outcome is taken from the channel (see `take`).
-        self.running.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new()
             .name("rdmx-accept".into())
             .spawn(move || {
                 let r = crate::conn::accept(&ctx2, stream, peer);
                 // The listener may be gone: the endpoint is then dropped, which closes it.
-                let _ = tx.send(r);
+                let _ = tx.send((seq, r));
             });
         if let Err(e) = spawned {
             // The connection went with the closure that could not start: the peer's
             // connect fails, and `accept` reports why.
-            let _ = self.done_tx.send(Err(rdmx_core::Error::Config(format!(
-                "cannot start a thread for the exchange with {peer}: {e}"
-            ))));
+            let _ = self.done_tx.send((
+                seq,
+                Err(rdmx_core::Error::Config(format!(
+                    "cannot start a thread for the exchange with {peer}: {e}"
+                ))),
+            ));
         }
-    }
-
-    /// Counts an outcome taken from the channel.
-    fn take(&self, o: Option<Outcome>) -> Option<Outcome> {
-        if o.is_some() {
-            self.running.fetch_sub(1, Ordering::AcqRel);
-        }
-        o
     }
 }
 
@@ -100,9 +148,8 @@ pub(crate) fn accept_until(
     deadline: Option<Instant>,
 ) -> Result<Option<Endpoint>> {
     loop {
-        // Exchanges started and whose outcome was not taken yet.
-        let running = ex.running.load(Ordering::Acquire);
-        if let Some(o) = ex.take(ex.finished(None)) {
+        ex.collect(None);
+        if let Some(o) = ex.next_outcome() {
             match o? {
                 Some(ep) => return Ok(Some(ep)),
                 None => continue,
@@ -112,20 +159,16 @@ pub(crate) fn accept_until(
         if deadline.is_some_and(|d| now >= d) {
             return Ok(None);
         }
-        if running >= MAX_EXCHANGES {
+        let pending = ex.pending();
+        if pending >= MAX_EXCHANGES {
             let until = deadline.map_or(now + SLICE, |d| d.min(now + SLICE));
-            if let Some(o) = ex.take(ex.finished(Some(until))) {
-                match o? {
-                    Some(ep) => return Ok(Some(ep)),
-                    None => continue,
-                }
-            }
+            ex.collect(Some(until));
             continue;
         }
         // While exchanges run, look for new peers in short slices so that a finished
         // exchange is returned soon; with none running, wait for a peer for as long as
         // the caller does.
-        let until = match (running > 0, deadline) {
+        let until = match (pending > 0, deadline) {
             (true, Some(d)) => Some(d.min(now + SLICE)),
             (true, None) => Some(now + SLICE),
             (false, d) => d,

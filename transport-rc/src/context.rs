@@ -557,8 +557,9 @@ impl Listener {
     /// usable.
     ///
     /// Exchanges with several peers run at once (up to 64, each on a thread of its own),
-    /// and this returns whichever finishes first: a peer that connects and then says
-    /// nothing holds no other back. An exchange still running when the call returns goes
+    /// and their endpoints come out in the order the peers connected, except that an
+    /// exchange still running after 20 ms holds back no other: a peer that connects and
+    /// then says nothing does not stop the others. An exchange still running when the call returns goes
     /// on, and a later call returns its endpoint; one still running when the listener is
     /// dropped ends, and its endpoint is closed.
     ///
