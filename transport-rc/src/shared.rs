@@ -647,9 +647,43 @@ impl Shared {
             .filter(|(_, e)| e.qpn == qpn)
             .map(|(k, _)| k)
             .collect();
+        let broken: Vec<u64> = st
+            .initiators
+            .iter()
+            .filter(|(_, i)| i.qp.qp_num().0 == qpn)
+            .map(|(&node, _)| node)
+            .collect();
         st.initiators.retain(|_, i| i.qp.qp_num().0 != qpn);
         for k in keys {
             self.fail(st, k, cause.clone());
+        }
+        for peer_node in broken {
+            self.drop_targets_of(peer_node);
+        }
+    }
+
+    /// Our XRC initiator towards `peer_node` broke, and with it every endpoint of ours to
+    /// that node; those endpoints' peers may be alive (a process of a shared node died,
+    /// and the others' receive queues went with nothing of theirs). They cannot be told
+    /// through the broken initiator, and their own initiators still reach our targets, so
+    /// they would wait for ever. Tearing down the targets that receive from that node
+    /// makes their sends and keepalives exhaust their retries: they see `PeerUnreachable`
+    /// within their peer timeout. Only when this context is alone on its node: another
+    /// context of the node may have live endpoints behind the same targets.
+    fn drop_targets_of(&self, peer_node: u64) {
+        let Some(node) = &self.node else { return };
+        let alone = {
+            let mut ctxs = node.contexts.lock();
+            ctxs.retain(|w| w.strong_count() > 0);
+            ctxs.len() <= 1
+        };
+        if alone {
+            let n = node.drop_targets_from(peer_node);
+            tracing::debug!(
+                peer_node,
+                n,
+                "XRC initiator broke: its node's targets dropped"
+            );
         }
     }
 }

@@ -73,6 +73,15 @@ pub(crate) struct NodeInner {
 }
 
 impl NodeInner {
+    /// Destroys the target queue pairs this process made for initiators of `peer_node`
+    /// (their initiators' next packets go unanswered); returns how many.
+    pub(crate) fn drop_targets_from(&self, peer_node: u64) -> usize {
+        let mut targets = self.targets.lock();
+        let before = targets.len();
+        targets.retain(|&(node, _), _| node != peer_node);
+        before - targets.len()
+    }
+
     /// Hands a device event to every live context of the node (each acts on its own
     /// objects; before, only the context that read the event heard of it).
     pub(crate) fn share_event(&self, ev: rdmx_verbs::AsyncEvent) {

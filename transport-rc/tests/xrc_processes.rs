@@ -460,3 +460,60 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
     drop(ep);
     peer.join().unwrap();
 }
+
+/// A member process of a shared node is killed. Our initiators towards that node break
+/// (its receive queues went with it), which takes down every endpoint of ours to the node,
+/// those to the surviving process too. The survivor used to be told nothing: its own
+/// initiators still reached our targets, so its endpoints stayed open until we went away
+/// (found by an outside QA pass: 16 s, until the server exited). Now we tear down the
+/// targets that receive from that node, and the survivor's endpoints fail within its peer
+/// timeout.
+#[test]
+fn killing_a_member_process_is_noticed_by_the_survivors() {
+    let file = std::env::temp_dir().join(format!("rdmx-node-member-{}", std::process::id()));
+    let env = [
+        ("RDMX_TEST_XRCD_FILE", file.display().to_string()),
+        ("RDMX_PEER_TIMEOUT_MS", "1000".to_string()),
+    ];
+    let host = common::ChildProc::spawn("child_shared_node_process", &env);
+    let host_addrs = host.expect_line("LISTEN", Duration::from_secs(30));
+    let member = common::ChildProc::spawn("child_shared_node_process", &env);
+    let member_addrs = member.expect_line("LISTEN", Duration::from_secs(30));
+    // One context, alone on its node (as a server process is).
+    let ctx = Context::builder()
+        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .srq_depth(256)
+        .peer_timeout(Duration::from_millis(1000))
+        .build()
+        .unwrap();
+    let mut eps = Vec::new();
+    for a in host_addrs
+        .split_whitespace()
+        .chain(member_addrs.split_whitespace())
+    {
+        for _ in 0..PER_PROC {
+            eps.push(ctx.connect(a).unwrap());
+        }
+    }
+    for ep in &eps {
+        ep.send_timeout(b"before", Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
+            b"before"
+        );
+    }
+    let killed = std::time::Instant::now();
+    drop(member);
+    for ep in &eps {
+        let _ = ep.send_timeout(b"after", Duration::from_secs(5));
+        let _ = ep.recv_timeout(Duration::from_secs(5));
+    }
+    // The host's echo loops end once its endpoints fail (its receives wait 30 s, and a
+    // timeout there fails the child), then it prints its counts and exits.
+    host.expect_line("COUNTS", Duration::from_secs(20));
+    let survivor = killed.elapsed();
+    host.wait_ok(Duration::from_secs(20));
+    eprintln!("member killed: the surviving process's endpoints ended within {survivor:?}");
+    assert!(survivor < Duration::from_secs(10), "{survivor:?}");
+    let _ = std::fs::remove_file(&file);
+}
