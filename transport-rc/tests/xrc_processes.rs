@@ -28,6 +28,25 @@ fn child_shared_node_process() {
     common::serve_echo_node(&node, &ctxs, PER_PROC, Duration::from_secs(30));
 }
 
+/// Connects `per_addr` endpoints from `ctx` to each of `addrs` and echoes one message on
+/// each.
+fn connect_and_echo(ctx: &Context, addrs: &[&str], per_addr: usize) -> Vec<rdmx_rc::Endpoint> {
+    let mut eps = Vec::new();
+    for a in addrs {
+        for _ in 0..per_addr {
+            eps.push(ctx.connect(*a).unwrap());
+        }
+    }
+    for ep in &eps {
+        ep.send_timeout(b"before", Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
+            b"before"
+        );
+    }
+    eps
+}
+
 fn counts(line: &str) -> (usize, usize) {
     let num = |k: &str| -> usize {
         line.split_whitespace()
@@ -251,19 +270,11 @@ fn killing_the_host_process_fails_the_node_in_bounded_time() {
                 .unwrap()
         })
         .collect();
-    let mut eps = Vec::new();
-    for c in &ctxs {
-        for a in member_addrs.split_whitespace() {
-            eps.push(c.connect(a).unwrap());
-        }
-    }
-    for ep in &eps {
-        ep.send_timeout(b"before", Duration::from_secs(10)).unwrap();
-        assert_eq!(
-            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
-            b"before"
-        );
-    }
+    let addrs: Vec<&str> = member_addrs.split_whitespace().collect();
+    let eps: Vec<_> = ctxs
+        .iter()
+        .flat_map(|c| connect_and_echo(c, &addrs, 1))
+        .collect();
     let killed = std::time::Instant::now();
     drop(host);
     for (i, ep) in eps.iter().enumerate() {
@@ -486,22 +497,11 @@ fn killing_a_member_process_is_noticed_by_the_survivors() {
         .peer_timeout(Duration::from_millis(1000))
         .build()
         .unwrap();
-    let mut eps = Vec::new();
-    for a in host_addrs
+    let addrs: Vec<&str> = host_addrs
         .split_whitespace()
         .chain(member_addrs.split_whitespace())
-    {
-        for _ in 0..PER_PROC {
-            eps.push(ctx.connect(a).unwrap());
-        }
-    }
-    for ep in &eps {
-        ep.send_timeout(b"before", Duration::from_secs(10)).unwrap();
-        assert_eq!(
-            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
-            b"before"
-        );
-    }
+        .collect();
+    let eps = connect_and_echo(&ctx, &addrs, PER_PROC);
     let killed = std::time::Instant::now();
     drop(member);
     for ep in &eps {

@@ -236,11 +236,14 @@ impl BufferPool {
     /// bytes); `Verbs` when registration fails.
     pub fn try_alloc(&self, len: usize) -> Result<Buf> {
         let sh = &self.shared;
-        if len > sh.cfg.max_bytes || self.footprint(len) > self.capacity() {
+        // The class, found once (`sizes` is in the order of `State::classes`).
+        let class = sh.sizes.iter().position(|&s| s >= len);
+        let footprint = class.map_or_else(|| len.next_multiple_of(4096), |ci| sh.sizes[ci]);
+        if len > sh.cfg.max_bytes || footprint > self.capacity() {
             return Err(Error::PoolCapacity(len));
         }
         let mut st = sh.state.lock();
-        let Some(ci) = st.classes.iter().position(|c| c.size >= len) else {
+        let Some(ci) = class else {
             return self.alloc_dedicated(st, len);
         };
         let size = st.classes[ci].size;
