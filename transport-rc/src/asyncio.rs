@@ -48,7 +48,7 @@ async fn wait_async<T>(
         let notified = sh.notify.notified();
         let mut notified = std::pin::pin!(notified);
         notified.as_mut().enable();
-        {
+        let _sleeping = {
             let mut st = sh.state.lock();
             if sh.progress(&mut st) > 0 {
                 sh.wake_all();
@@ -57,9 +57,11 @@ async fn wait_async<T>(
                 return r;
             }
             sh.cq.req_notify(false);
-        }
+            // Counted before the lock goes: the background thread decides under the lock
+            // whether to re-arm the queue before it sleeps, and must see this future.
+            Sleeper::new(&sh.sleepers)
+        };
         sh.vctx.yield_polling();
-        let _sleeping = Sleeper::new(&sh.sleepers);
         // Woken by a completion (`notified`) or by the delay, whichever comes first. The
         // delay needs no runtime timer: a runtime built without `enable_time` used to make
         // this panic.

@@ -295,18 +295,18 @@ pub(crate) fn background(sh: &Arc<Shared>) {
             sh.pack_cond.notify_all();
             break;
         }
-        // Sleep on the completion channel armed when no application thread is polling, or
-        // when one is waiting for us to wake it.
-        let idle = sh
-            .now_nanos()
-            .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
-            > 2_000_000
-            || sh.sleepers.load(Ordering::Acquire) > 0;
-        if idle {
-            sh.cq.req_notify(false);
-        }
         {
             let mut st = sh.state.lock();
+            // Sleep on the completion channel armed when no application thread is polling, or
+            // when one is waiting for us to wake it.
+            let idle = sh
+                .now_nanos()
+                .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
+                > 2_000_000
+                || sh.sleepers.load(Ordering::Acquire) > 0;
+            if idle {
+                sh.cq.req_notify(false);
+            }
             if sh.progress(&mut st) > 0 {
                 sh.wake_all();
             }
