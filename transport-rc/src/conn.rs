@@ -300,6 +300,7 @@ pub(crate) fn register(
         in_needy: false,
         cond: Arc::default(),
         sleepers: 0,
+        activity: 0,
         in_ready: false,
         close_event_due: false,
         peer_mailbox: (0, 0),

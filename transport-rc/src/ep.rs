@@ -160,6 +160,10 @@ pub(crate) struct Ep {
     /// endpoint notify only them, not every thread waiting on the context.
     pub(crate) cond: Arc<parking_lot::Condvar>,
     pub(crate) sleepers: u32,
+    /// Bumped by everything that happens on this endpoint (`Shared::stir`): a thread waiting
+    /// on it spins again for its busy-poll time after each change, since more is likely on
+    /// the way (a rendezvous read posted, a peer that just read our message).
+    pub(crate) activity: u32,
     /// Queued in the context's ready queue (see `inbox.rs`).
     pub(crate) in_ready: bool,
     /// Closed in order with messages still queued: the `Disconnected` event waits for the

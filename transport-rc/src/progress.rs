@@ -65,10 +65,26 @@ impl Wait {
     };
 }
 
+impl Wait {
+    /// The activity counter of what this wait is about (see `Shared::stir`).
+    fn activity(self, st: &State) -> u32 {
+        match self.on {
+            Some(k) => st.eps.get(k).map_or(0, |ep| ep.activity),
+            None => st.activity,
+        }
+    }
+}
+
 /// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
 /// sleeps (the background thread, or any thread that makes progress, wakes it).
-/// `timeout = None` waits forever; the busy-poll time and the timeout count from the first
-/// look that fails.
+/// `timeout = None` waits forever; the timeout counts from the first look that fails.
+///
+/// The busy-poll time counts from the first look that fails too, and again from every
+/// change seen on what the wait is about (its endpoint's activity, or the context's): a
+/// request whose reply is being read, a message of ours that the peer just read, are signs
+/// that what we wait for is on its way, and a thread that sleeps now pays a wake-up (tens
+/// of microseconds here) in the middle of the exchange. Idle, nothing changes, and the
+/// thread sleeps after one busy-poll time as before.
 ///
 /// A wait for something of one endpoint ([`Wait::message`], [`Wait::endpoint`]) sleeps on
 /// that endpoint's condition variable, which only what happens on that endpoint notifies
@@ -82,8 +98,11 @@ pub(crate) fn wait_until<T>(
 ) -> Result<T> {
     // The clock is read only once a look has failed (a call that finds what it wants at
     // once reads it only for the poll stamp): at a million messages a second, each read
-    // (~22 ns here) is a percent of the time. Spin time and timeout count from there.
+    // (~22 ns here) is a percent of the time. The timeout counts from `start`, the spin
+    // from `spin_from` (reset to `None` by activity).
     let mut start: Option<Instant> = None;
+    let mut spin_from: Option<Instant> = None;
+    let mut seen: Option<u32> = None;
     // A notified wait sleeps until it is woken; a polled one looks again after 100 µs, then
     // less and less often.
     let mut sleep = if wait.notified {
@@ -94,9 +113,8 @@ pub(crate) fn wait_until<T>(
     // Reading the clock costs about as much as an empty poll here, so the spin looks at it
     // only every few polls.
     let mut polls = 0u32;
-    // The busy-poll time of this wait: the configured one while the thread holds one of
-    // the context's spin slots, none without (see `SpinSlot`).
-    let mut busy = sh.cfg.busy_poll;
+    // The busy-poll time applies while the thread holds one of the context's spin slots
+    // (see `SpinSlot`); without one it sleeps at once.
     let mut slot = SpinSlot::none(sh);
     loop {
         {
@@ -110,18 +128,23 @@ pub(crate) fn wait_until<T>(
             if let Some(r) = f(&mut st) {
                 return r;
             }
+            let act = wait.activity(&st);
+            if seen.is_some_and(|s| s != act) {
+                spin_from = None;
+            }
+            seen = Some(act);
             polls = polls.wrapping_add(1);
-            if !polls.is_multiple_of(CLOCK_EVERY) && start.is_some() {
+            if !polls.is_multiple_of(CLOCK_EVERY) && spin_from.is_some() {
                 drop(st);
                 std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
-            let begun = *start.get_or_insert_with(|| {
-                // The first look failed: spin now, if a slot is free.
-                slot = SpinSlot::take(sh);
+            let begun = *start.get_or_insert(now);
+            let spinning = *spin_from.get_or_insert_with(|| {
+                // (Re)starting to spin: only with a slot.
                 if !slot.held {
-                    busy = Duration::ZERO;
+                    slot = SpinSlot::take(sh);
                 }
                 now
             });
@@ -132,7 +155,12 @@ pub(crate) fn wait_until<T>(
             {
                 return Err(Error::Timeout(waited));
             }
-            if waited >= busy {
+            let busy = if slot.held {
+                sh.cfg.busy_poll
+            } else {
+                Duration::ZERO
+            };
+            if now - spinning >= busy {
                 slot.release();
                 // Sleep: arm the completion queue (the background thread sleeps on its
                 // channel), look once more to close the race, then wait. Credits that arrive

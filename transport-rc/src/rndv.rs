@@ -100,20 +100,24 @@ impl Shared {
         }
     }
 
-    /// Applies cumulative counters from the peer (piggybacked or from the mailbox).
-    pub(crate) fn apply_peer_counters(&self, st: &mut State, k: usize, m: Mailbox) {
+    /// Applies cumulative counters from the peer (piggybacked or from the mailbox). Returns
+    /// whether they gave the endpoint room to send (credits, or rendezvous buffers the peer
+    /// finished reading).
+    pub(crate) fn apply_peer_counters(&self, st: &mut State, k: usize, m: Mailbox) -> bool {
         let ep = &mut st.eps[k];
-        ep.send.update(m.grant);
+        let mut freed = ep.send.update(m.grant);
         while rdmx_core::header::seq_after(m.rndv_done, ep.rndv_out_done) {
             if ep.rndv_out.pop_front().is_none() {
                 break;
             }
             ep.rndv_out_done = ep.rndv_out_done.wrapping_add(1);
+            freed = true;
         }
         // (Runs for every message received: skip the scan when nobody is watched.)
         if ep.rndv_out.is_empty() && !st.rndv_watch.is_empty() {
             st.rndv_watch.retain(|&x| x != k);
         }
+        freed
     }
 
     /// Reads the mailbox slot of one endpoint and applies it.

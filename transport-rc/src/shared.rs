@@ -167,6 +167,9 @@ pub(crate) struct State {
     pub(crate) reap_pending: bool,
     /// XRC: this context's initiator towards each remote node.
     pub(crate) initiators: HashMap<u64, crate::xrc::Initiator>,
+    /// Bumped with every endpoint's activity (see `Shared::stir`), for waits on the
+    /// context as a whole.
+    pub(crate) activity: u32,
     wc: Vec<WorkCompletion>,
 }
 
@@ -199,6 +202,7 @@ impl State {
             stats: Stats::default(),
             reap_pending: false,
             initiators: HashMap::new(),
+            activity: 0,
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }
@@ -267,12 +271,23 @@ impl Shared {
     /// Wakes the threads sleeping on endpoint `k` (something happened there: a message, a
     /// completion, credits, a state change). Threads waiting on the context as a whole are
     /// woken by [`wake_all`](Self::wake_all).
-    pub(crate) fn touch(st: &State, k: usize) {
-        if let Some(ep) = st.eps.get(k)
+    pub(crate) fn touch(st: &mut State, k: usize) {
+        if let Some(ep) = Self::stir(st, k)
             && ep.sleepers > 0
         {
             ep.cond.notify_all();
         }
+    }
+
+    /// Records activity on endpoint `k` without waking its sleepers: threads spinning on it
+    /// (or on the context) spin on for their busy-poll time (see `progress::wait_until`).
+    /// For what makes nothing deliverable yet but announces more to come, such as a
+    /// rendezvous request whose read is now posted.
+    pub(crate) fn stir(st: &mut State, k: usize) -> Option<&Ep> {
+        st.activity = st.activity.wrapping_add(1);
+        let ep = st.eps.get_mut(k)?;
+        ep.activity = ep.activity.wrapping_add(1);
+        Some(ep)
     }
 
     /// The background thread's tick (keepalives, credit recall).
@@ -475,7 +490,15 @@ impl Shared {
             }
         };
         let Some(k) = key else { return };
-        Self::touch(st, k);
+        // A rendezvous request wakes nobody: its message is deliverable only once read, and
+        // the read completion wakes the receiver then (a thread waiting for a message used to
+        // wake here for nothing, then again for the read). Senders it gives credits to are
+        // woken below.
+        if hdr.kind == Kind::Rts {
+            Self::stir(st, k);
+        } else {
+            Self::touch(st, k);
+        }
         // The peer used one of our credits.
         let credited = {
             let ep = &mut st.eps[k];
@@ -494,7 +517,7 @@ impl Shared {
             return;
         }
         self.mark_needy(st, k);
-        self.apply_peer_counters(
+        let freed = self.apply_peer_counters(
             st,
             k,
             Mailbox {
@@ -502,6 +525,9 @@ impl Shared {
                 rndv_done: hdr.rndv_done,
             },
         );
+        if freed && hdr.kind == Kind::Rts {
+            Self::touch(st, k);
+        }
         match hdr.kind {
             Kind::Data => {
                 st.held += 1;
