@@ -298,6 +298,10 @@ pub(crate) struct PerfArgs {
     /// Print one JSON object per result line.
     #[arg(long)]
     json: bool,
+    /// --layer msg, lat: also write every measured one-way latency to FILE, one line per
+    /// iteration (`size nanoseconds`, in the order measured), for a look at the tail.
+    #[arg(long, value_name = "FILE")]
+    samples: Option<std::path::PathBuf>,
     /// RDMA device [default: $RDMX_DEVICE, else the first listed device (verbs) or
     /// soft:127.0.0.1 (--layer msg)].
     #[arg(long, short = 'd')]
@@ -349,6 +353,9 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     }
     if args.layer == Layer::Msg {
         return msg::run(args);
+    }
+    if args.samples.is_some() {
+        return Err(Error::msg("--samples is for the message layer (--layer msg)"));
     }
     if args.server {
         return server::run(&server::ServerConfig {

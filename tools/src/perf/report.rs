@@ -17,6 +17,8 @@ pub(crate) struct LatStats {
     pub(crate) p50: f64,
     /// 99th percentile.
     pub(crate) p99: f64,
+    /// 99.9th percentile.
+    pub(crate) p999: f64,
     /// Mean.
     pub(crate) avg: f64,
     /// Minimum.
@@ -44,6 +46,7 @@ impl LatStats {
         Some(Self {
             p50: pct(50.0),
             p99: pct(99.0),
+            p999: pct(99.9),
             avg: sum as f64 / s.len() as f64 / 1000.0 / div,
             min: us(s[0]),
             max: us(s[s.len() - 1]),
@@ -76,6 +79,8 @@ pub(crate) struct PerfResult {
     pub(crate) lat_p50_us: Option<f64>,
     /// 99th percentile latency (us).
     pub(crate) lat_p99_us: Option<f64>,
+    /// 99.9th percentile latency (us).
+    pub(crate) lat_p999_us: Option<f64>,
     /// Mean latency (us).
     pub(crate) lat_avg_us: Option<f64>,
     /// Minimum latency (us).
@@ -142,6 +147,7 @@ impl PerfResult {
             mtu,
             lat_p50_us: stats.map(|s| s.p50),
             lat_p99_us: stats.map(|s| s.p99),
+            lat_p999_us: stats.map(|s| s.p999),
             lat_avg_us: stats.map(|s| s.avg),
             lat_min_us: stats.map(|s| s.min),
             lat_max_us: stats.map(|s| s.max),
@@ -334,6 +340,7 @@ mod tests {
         let st = LatStats::from_ns(&s, 1.0).unwrap();
         assert_eq!(st.p50, 50.0);
         assert_eq!(st.p99, 99.0);
+        assert_eq!(st.p999, 100.0);
         assert_eq!(st.min, 1.0);
         assert_eq!(st.max, 100.0);
         assert!((st.avg - 50.5).abs() < 1e-9);

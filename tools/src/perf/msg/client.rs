@@ -32,6 +32,8 @@ pub(crate) struct ClientConfig {
     batch: u32,
     json: bool,
     device: Option<String>,
+    /// Where every latency sample goes (`--samples`).
+    samples: Option<std::path::PathBuf>,
 }
 
 impl ClientConfig {
@@ -76,6 +78,7 @@ impl ClientConfig {
             batch: a.batch,
             json: a.json,
             device: a.device.clone(),
+            samples: a.samples.clone(),
         })
     }
 
@@ -136,10 +139,21 @@ fn run_with(ctx: &Context, cfg: &ClientConfig, target: &str) -> Result<()> {
         )
     })?;
     let mut printer = Printer::new(cfg.json, false);
+    let mut samples = match &cfg.samples {
+        Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path).map_err(
+            |e| Error::msg(format!("--samples: cannot create {}: {e}", path.display())),
+        )?)),
+        None => None,
+    };
     for &size in &cfg.sizes {
         let p = cfg.params(size);
         match run_round(ctx, &ep, cfg, &p) {
-            Ok(r) => printer.print(&r),
+            Ok((r, m)) => {
+                printer.print(&r);
+                if let Some(w) = samples.as_mut() {
+                    write_samples(w, size, &m)?;
+                }
+            }
             Err(e) => {
                 tracing::info!(stats = ?ctx.stats(), counters = ?ctx.device_counters(),
                     "client after the failure");
@@ -161,12 +175,21 @@ fn run_with(ctx: &Context, cfg: &ClientConfig, target: &str) -> Result<()> {
     super::close(ep)
 }
 
+/// Writes a round's one-way latencies (half of each round trip), one `size ns` line each.
+fn write_samples(w: &mut impl std::io::Write, size: u64, m: &Measured) -> Result<()> {
+    let io = |e: std::io::Error| Error::msg(format!("--samples: {e}"));
+    for ns in &m.rtt_ns {
+        writeln!(w, "{size} {}", ns / 2).map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
 fn run_round(
     ctx: &Context,
     ep: &Endpoint,
     cfg: &ClientConfig,
     p: &RoundParams,
-) -> Result<PerfResult> {
+) -> Result<(PerfResult, Measured)> {
     control::send(ep, &Ctl::Setup(*p))?;
     match control::recv(ep, "Ready", IO_TIMEOUT)? {
         Ctl::Ready => {}
@@ -205,7 +228,8 @@ fn run_round(
     }
     tracing::debug!(stats = ?after, pool = ?ctx.pool_stats(),
         counters = ?ctx.device_counters(), "client after the round");
-    result(ctx, cfg, p, &m, &before, &after)
+    let r = result(ctx, cfg, p, &m, &before, &after)?;
+    Ok((r, m))
 }
 
 /// Builds the result line (the verbs tests' schema, plus the message-layer fields).
@@ -259,6 +283,7 @@ fn result(
         mtu: port.active_mtu.bytes() as u32,
         lat_p50_us: stats.map(|s| s.p50),
         lat_p99_us: stats.map(|s| s.p99),
+        lat_p999_us: stats.map(|s| s.p999),
         lat_avg_us: stats.map(|s| s.avg),
         lat_min_us: stats.map(|s| s.min),
         lat_max_us: stats.map(|s| s.max),
