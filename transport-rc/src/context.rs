@@ -284,6 +284,8 @@ impl Context {
             notify: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
             pack_cond: Condvar::new(),
+            leader_waits_any: AtomicBool::new(false),
+            bg_cond: Condvar::new(),
             cfg,
         });
         {

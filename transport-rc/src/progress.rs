@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use parking_lot::MutexGuard;
 use rdmx_core::{Error, Event, Result};
 use rdmx_verbs::AsyncEvent;
 
@@ -116,6 +117,7 @@ pub(crate) fn wait_until<T>(
     // The busy-poll time applies while the thread holds one of the context's spin slots
     // (see `SpinSlot`); without one it sleeps at once.
     let mut slot = SpinSlot::none(sh);
+    let mut lead = Leader::default();
     loop {
         {
             let mut st = sh.state.lock();
@@ -126,7 +128,7 @@ pub(crate) fn wait_until<T>(
                 sh.wake_all();
             }
             if let Some(r) = f(&mut st) {
-                return r;
+                return lead.end(sh, &mut st, r);
             }
             let act = wait.activity(&st);
             if seen.is_some_and(|s| s != act) {
@@ -153,7 +155,7 @@ pub(crate) fn wait_until<T>(
             if let Some(t) = timeout
                 && waited >= t
             {
-                return Err(Error::Timeout(waited));
+                return lead.end(sh, &mut st, Err(Error::Timeout(waited)));
             }
             let busy = if slot.held {
                 sh.cfg.busy_poll
@@ -170,7 +172,7 @@ pub(crate) fn wait_until<T>(
                     sh.wake_all();
                 }
                 if let Some(r) = f(&mut st) {
-                    return r;
+                    return lead.end(sh, &mut st, r);
                 }
                 let mut t = sleep;
                 if let Some(timeout) = timeout {
@@ -195,25 +197,29 @@ pub(crate) fn wait_until<T>(
                 // processes packets while we sleep.
                 sh.vctx.yield_polling();
                 sh.sleepers.fetch_add(1, Ordering::AcqRel);
-                // (The endpoint's id tells whether its slot still holds it afterwards.)
-                let on = wait.on;
-                let own = on.and_then(|k| st.eps.get_mut(k)).map(|ep| {
-                    ep.sleepers += 1;
-                    (ep.id, Arc::clone(&ep.cond))
-                });
-                match &own {
-                    Some((_, cond)) => {
-                        cond.wait_for(&mut st, t);
+                if lead.take(sh, &mut st) {
+                    lead.sleep(sh, &mut st, wait.on, t);
+                } else {
+                    // (The endpoint's id tells whether its slot still holds it afterwards.)
+                    let on = wait.on;
+                    let own = on.and_then(|k| st.eps.get_mut(k)).map(|ep| {
+                        ep.sleepers += 1;
+                        (ep.id, Arc::clone(&ep.cond))
+                    });
+                    match &own {
+                        Some((_, cond)) => {
+                            cond.wait_for(&mut st, t);
+                        }
+                        None => {
+                            sh.cond.wait_for(&mut st, t);
+                        }
                     }
-                    None => {
-                        sh.cond.wait_for(&mut st, t);
+                    if let Some((id, _)) = own
+                        && let Some(ep) = on.and_then(|k| st.eps.get_mut(k))
+                        && ep.id == id
+                    {
+                        ep.sleepers -= 1;
                     }
-                }
-                if let Some((id, _)) = own
-                    && let Some(ep) = on.and_then(|k| st.eps.get_mut(k))
-                    && ep.id == id
-                {
-                    ep.sleepers -= 1;
                 }
                 if watcher {
                     st.watcher_asleep = false;
@@ -229,6 +235,68 @@ pub(crate) fn wait_until<T>(
             }
         }
         std::hint::spin_loop();
+    }
+}
+
+/// The leader: of the threads blocked in [`wait_until`], the first that sleeps does so on
+/// the completion channel, in the background thread's place, and keeps that place until its
+/// wait ends; the others sleep on condition variables as before.
+///
+/// Without it, a message for a sleeping thread took three wake-ups in a row: the soft NIC's
+/// engine thread (the packet), the background thread (the channel), then the application
+/// thread (its condition variable), at ~15-25 us each here. The leader is woken by the
+/// channel itself: one wake-up less on the way to a thread that waits, and the background
+/// thread, which only stands in when nobody waits, is not woken at all.
+///
+/// Completions wake the leader through the channel (it arms the queue before it sleeps, as
+/// every sleeper does). What wakes sleepers without a completion (an endpoint failing at a
+/// keepalive tick, a close, a mailbox credit seen by another thread) interrupts the
+/// leader's sleep when it concerns what the leader waits for (`Shared::nudge_leader`,
+/// `Shared::wake_all`). The background thread looks at `State::leader` under the lock
+/// before it sleeps: while there is a leader it sleeps on `Shared::bg_cond` (only its own
+/// timers wake it), and the leader notifies it when its wait ends. A leader that finds the
+/// background thread on the channel interrupts it once, so that it moves off.
+#[derive(Debug, Default)]
+struct Leader {
+    held: bool,
+}
+
+impl Leader {
+    /// Takes the leadership if nobody holds it; true when this thread leads.
+    fn take(&mut self, sh: &Shared, st: &mut State) -> bool {
+        if !self.held && !st.leader {
+            st.leader = true;
+            self.held = true;
+            if st.bg_on_channel {
+                sh.cq.channel().interrupt();
+            }
+        }
+        self.held
+    }
+
+    /// Sleeps on the completion channel for up to `t`, waiting for endpoint `on` (or the
+    /// context).
+    fn sleep(&self, sh: &Shared, st: &mut MutexGuard<'_, State>, on: Option<usize>, t: Duration) {
+        st.leader_asleep = Some(on);
+        if on.is_none() {
+            sh.leader_waits_any.store(true, Ordering::Release);
+        }
+        MutexGuard::unlocked(st, || {
+            let _ = sh.cq.channel().wait_spin(t, Duration::ZERO);
+        });
+        st.leader_asleep = None;
+        sh.leader_waits_any.store(false, Ordering::Release);
+    }
+
+    /// The wait ends with `r`: gives the leadership back (the background thread returns to
+    /// the channel).
+    fn end<T>(&mut self, sh: &Shared, st: &mut State, r: T) -> T {
+        if self.held {
+            self.held = false;
+            st.leader = false;
+            sh.bg_cond.notify_one();
+        }
+        r
     }
 }
 
@@ -325,6 +393,7 @@ pub(crate) fn background(sh: &Arc<Shared>) {
         }
         {
             let mut st = sh.state.lock();
+            st.bg_on_channel = false;
             // Sleep on the completion channel armed when no application thread is polling, or
             // when one is waiting for us to wake it.
             let idle = sh
@@ -375,6 +444,15 @@ pub(crate) fn background(sh: &Arc<Shared>) {
         // p99 of 1.1 ms, and a 64 KiB rendezvous round took 1.3 ms at p50.
         if sh.spinners.load(Ordering::Acquire) == 0 {
             sh.vctx.yield_polling();
+        }
+        // While a leader sleeps on the channel (see `Leader`), ours is only the timers.
+        {
+            let mut st = sh.state.lock();
+            if st.leader {
+                sh.bg_cond.wait_for(&mut st, sleep);
+                continue;
+            }
+            st.bg_on_channel = true;
         }
         // While an application thread polls, stay asleep for a whole tick: a thread that
         // stops polling to sleep arms the completion queue first, which wakes us at once,

@@ -12,7 +12,7 @@ use crate::shared::{Shared, State};
 impl Shared {
     pub(crate) fn on_read(&self, st: &mut State, c: &WorkCompletion) {
         let k = wrid::key(c.wr_id);
-        Self::touch(st, k);
+        self.touch(st, k);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if ep.qpn != c.qp_num.0 {
             return;
@@ -129,7 +129,7 @@ impl Shared {
         }
         let m = Mailbox::from_word(u64::from_be_bytes(b));
         if m != ep.mailbox_seen {
-            Self::touch(st, k);
+            self.touch(st, k);
             st.eps[k].mailbox_seen = m;
             self.apply_peer_counters(st, k, m);
         }

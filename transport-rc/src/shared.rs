@@ -170,6 +170,14 @@ pub(crate) struct State {
     /// Bumped with every endpoint's activity (see `Shared::stir`), for waits on the
     /// context as a whole.
     pub(crate) activity: u32,
+    /// A thread blocked in `wait_until` sleeps on the completion channel in the background
+    /// thread's place (see `progress.rs`, "The leader").
+    pub(crate) leader: bool,
+    /// While the leader sleeps: the endpoint it waits for (`None`: the context). What wakes
+    /// that endpoint's (or the context's) sleepers interrupts the leader's sleep too.
+    pub(crate) leader_asleep: Option<Option<usize>>,
+    /// The background thread sleeps on the completion channel (a new leader moves it off).
+    pub(crate) bg_on_channel: bool,
     wc: Vec<WorkCompletion>,
 }
 
@@ -203,6 +211,9 @@ impl State {
             reap_pending: false,
             initiators: HashMap::new(),
             activity: 0,
+            leader: false,
+            leader_asleep: None,
+            bg_on_channel: false,
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }
@@ -255,6 +266,11 @@ pub(crate) struct Shared {
     /// Wakes pending futures (feature `tokio`).
     #[cfg(feature = "tokio")]
     pub(crate) notify: tokio::sync::Notify,
+    /// Mirrors `State::leader_asleep` being `Some(None)`, for [`wake_all`](Self::wake_all),
+    /// which runs without the state.
+    pub(crate) leader_waits_any: AtomicBool,
+    /// The background thread sleeps here while a leader sleeps on the completion channel.
+    pub(crate) bg_cond: Condvar,
     pub(crate) stop: AtomicBool,
     /// Wakes the pack flusher (see `pack_flusher` in `progress.rs`).
     pub(crate) pack_cond: Condvar,
@@ -266,16 +282,36 @@ impl Shared {
         self.cond.notify_all();
         #[cfg(feature = "tokio")]
         self.notify.notify_waiters();
+        if self
+            .leader_waits_any
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.cq.channel().interrupt();
+        }
     }
 
     /// Wakes the threads sleeping on endpoint `k` (something happened there: a message, a
     /// completion, credits, a state change). Threads waiting on the context as a whole are
     /// woken by [`wake_all`](Self::wake_all).
-    pub(crate) fn touch(st: &mut State, k: usize) {
-        if let Some(ep) = Self::stir(st, k)
+    pub(crate) fn touch(&self, st: &mut State, k: usize) {
+        Self::stir(st, k);
+        self.wake_sleepers(st, k);
+    }
+
+    /// Wakes the threads sleeping on endpoint `k`, the leader among them (see `progress.rs`).
+    pub(crate) fn wake_sleepers(&self, st: &State, k: usize) {
+        if let Some(ep) = st.eps.get(k)
             && ep.sleepers > 0
         {
             ep.cond.notify_all();
+        }
+        self.nudge_leader(st, k);
+    }
+
+    /// Interrupts the leader's sleep if it waits for endpoint `k` (see `progress.rs`).
+    pub(crate) fn nudge_leader(&self, st: &State, k: usize) {
+        if st.leader_asleep == Some(Some(k)) {
+            self.cq.channel().interrupt();
         }
     }
 
@@ -400,7 +436,7 @@ impl Shared {
             self.repost(st, buf);
             return;
         };
-        Self::touch(st, k);
+        self.touch(st, k);
         let credited = Self::take_credit(st, k);
         self.repost(st, buf);
         if !credited {
@@ -497,7 +533,7 @@ impl Shared {
         if hdr.kind == Kind::Rts {
             Self::stir(st, k);
         } else {
-            Self::touch(st, k);
+            self.touch(st, k);
         }
         // The peer used one of our credits.
         let credited = {
@@ -526,7 +562,7 @@ impl Shared {
             },
         );
         if freed && hdr.kind == Kind::Rts {
-            Self::touch(st, k);
+            self.touch(st, k);
         }
         match hdr.kind {
             Kind::Data => {
@@ -609,7 +645,7 @@ impl Shared {
 
     fn on_send(&self, st: &mut State, c: &WorkCompletion) {
         let k = wrid::key(c.wr_id);
-        Self::touch(st, k);
+        self.touch(st, k);
         let seq = wrid::seq(c.wr_id);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if ep.qpn != c.qp_num.0 {

@@ -22,6 +22,7 @@ impl Shared {
     /// Takes an endpoint down: its queue pair goes to the error state (flushing what is
     /// posted), the application is told.
     pub(crate) fn fail(&self, st: &mut State, k: usize, cause: DisconnectCause) {
+        self.nudge_leader(st, k);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if matches!(ep.status, Status::Down(_)) {
             return;
@@ -123,6 +124,7 @@ impl Shared {
             }
         }
         let mut remove = Vec::new();
+        let leader_on = st.leader_asleep.flatten();
         for (k, ep) in st.eps.iter_mut() {
             if ep.status == Status::Closing
                 && !ep.close_sent
@@ -165,6 +167,9 @@ impl Shared {
                 if ep.sleepers > 0 {
                     ep.cond.notify_all();
                 }
+                if leader_on == Some(k) {
+                    self.cq.channel().interrupt();
+                }
                 // The event comes after the last message the peer sent before closing has
                 // been taken (see `inbox.rs`): an application that drops the endpoint on the
                 // event loses nothing.
@@ -197,6 +202,7 @@ impl Shared {
 
     /// Destroys an endpoint's queue pair and frees its credits and buffers.
     pub(crate) fn remove(&self, st: &mut State, k: usize) {
+        self.nudge_leader(st, k);
         let Some(ep) = st.eps.try_remove(k) else {
             return;
         };

@@ -2,6 +2,7 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::device::Context;
@@ -39,7 +40,8 @@ impl CompletionChannel {
     }
 
     /// Waits until an armed CQ of this channel fires or `timeout` passes; consumes one event
-    /// (`ibv_get_cq_event`). Returns whether an event arrived. It polls for a short time
+    /// (`ibv_get_cq_event`). Returns whether an event arrived (`false`: the timeout passed,
+    /// or the wait was [interrupted](Self::interrupt)). It polls for a short time
     /// (`RDMX_SPIN_US`, default 50 us) before sleeping, making progress itself meanwhile.
     ///
     /// # Errors
@@ -63,6 +65,9 @@ impl CompletionChannel {
             if self.take() {
                 return Ok(true);
             }
+            if self.take_interrupt() {
+                return Ok(false);
+            }
             if start.elapsed() >= spin {
                 break;
             }
@@ -75,6 +80,9 @@ impl CompletionChannel {
             if self.take() {
                 return Ok(true);
             }
+            if self.take_interrupt() {
+                return Ok(false);
+            }
             let elapsed = start.elapsed();
             if elapsed >= timeout {
                 return Ok(false);
@@ -82,6 +90,22 @@ impl CompletionChannel {
             driver::sys::poll_readable(&[self.inner.fd.raw()], Some(timeout - elapsed))
                 .map_err(|error| VerbsError::Io { op: "poll", error })?;
         }
+    }
+
+    /// Makes the thread waiting on this channel ([`wait`](Self::wait),
+    /// [`wait_spin`](Self::wait_spin)) return `false` now, or, when no thread waits, the next
+    /// wait return `false` at once. For a waiter that must also wake for something other
+    /// than completions, without a second file descriptor. (libibverbs has no such call: its
+    /// applications poll the channel's fd together with an eventfd of their own.)
+    pub fn interrupt(&self) {
+        self.inner.interrupted.store(true, Ordering::Release);
+        self.inner.fd.signal();
+    }
+
+    /// Consumes a pending [`interrupt`](Self::interrupt).
+    fn take_interrupt(&self) -> bool {
+        self.inner.interrupted.load(Ordering::Acquire)
+            && self.inner.interrupted.swap(false, Ordering::AcqRel)
     }
 
     fn take(&self) -> bool {

@@ -355,7 +355,9 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
         return msg::run(args);
     }
     if args.samples.is_some() {
-        return Err(Error::msg("--samples is for the message layer (--layer msg)"));
+        return Err(Error::msg(
+            "--samples is for the message layer (--layer msg)",
+        ));
     }
     if args.server {
         return server::run(&server::ServerConfig {

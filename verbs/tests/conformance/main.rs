@@ -11,6 +11,7 @@ mod common;
 
 mod apm;
 mod batch;
+mod channel;
 mod rc;
 mod srq;
 mod ud;

@@ -140,9 +140,11 @@ fn run_with(ctx: &Context, cfg: &ClientConfig, target: &str) -> Result<()> {
     })?;
     let mut printer = Printer::new(cfg.json, false);
     let mut samples = match &cfg.samples {
-        Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path).map_err(
-            |e| Error::msg(format!("--samples: cannot create {}: {e}", path.display())),
-        )?)),
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path).map_err(|e| {
+                Error::msg(format!("--samples: cannot create {}: {e}", path.display()))
+            })?,
+        )),
         None => None,
     };
     for &size in &cfg.sizes {

@@ -69,6 +69,8 @@ pub(crate) struct ChannelInner {
     pub(crate) fd: EventFd,
     /// CQs whose notification fired and were not yet returned by `get_cq_event`.
     pub(crate) ready: Mutex<VecDeque<u32>>,
+    /// `CompletionChannel::interrupt` was called and no wait has returned for it yet.
+    pub(crate) interrupted: AtomicBool,
 }
 
 impl ChannelInner {
@@ -76,6 +78,7 @@ impl ChannelInner {
         Ok(Self {
             fd: EventFd::new()?,
             ready: Mutex::new(VecDeque::new()),
+            interrupted: AtomicBool::new(false),
         })
     }
 }
