@@ -193,13 +193,15 @@ pub(crate) fn wait_until<T>(
                     };
                     t = t.min(every);
                 }
-                // Stop claiming the device's reception, so the soft provider's engine thread
-                // processes packets while we sleep.
-                sh.vctx.yield_polling();
                 sh.sleepers.fetch_add(1, Ordering::AcqRel);
                 if lead.take(sh, &mut st) {
+                    // (Sleeping on the channel, the soft provider's parked poller receives
+                    // the device's packets on this thread: see `CompletionChannel::wait`.)
                     lead.sleep(sh, &mut st, wait.on, t);
                 } else {
+                    // Stop claiming the device's reception, so that whoever receives while
+                    // nobody polls (the leader, or the soft provider's engine thread) does.
+                    sh.vctx.yield_polling();
                     // (The endpoint's id tells whether its slot still holds it afterwards.)
                     let on = wait.on;
                     let own = on.and_then(|k| st.eps.get_mut(k)).map(|ep| {
@@ -245,21 +247,33 @@ pub(crate) fn wait_until<T>(
 /// Without it, a message for a sleeping thread took three wake-ups in a row: the soft NIC's
 /// engine thread (the packet), the background thread (the channel), then the application
 /// thread (its condition variable), at ~15-25 us each here. The leader is woken by the
-/// channel itself: one wake-up less on the way to a thread that waits, and the background
-/// thread, which only stands in when nobody waits, is not woken at all.
+/// channel itself, and on the soft provider by the packet (it receives the device's packets
+/// while it sleeps on the channel: `CompletionChannel::wait`).
 ///
 /// Completions wake the leader through the channel (it arms the queue before it sleeps, as
 /// every sleeper does). What wakes sleepers without a completion (an endpoint failing at a
 /// keepalive tick, a close, a mailbox credit seen by another thread) interrupts the
 /// leader's sleep when it concerns what the leader waits for (`Shared::nudge_leader`,
-/// `Shared::wake_all`). The background thread looks at `State::leader` under the lock
-/// before it sleeps: while there is a leader it sleeps on `Shared::bg_cond` (only its own
-/// timers wake it), and the leader notifies it when its wait ends. A leader that finds the
-/// background thread on the channel interrupts it once, so that it moves off.
+/// `Shared::wake_all`).
+///
+/// The background thread stays off the channel while there is a leader, and for
+/// [`HANDOFF`] after the last one left: a thread whose message just came usually waits
+/// again soon, and moving the background thread on and off the channel at every message
+/// cost two of its wake-ups per message, which took the CPU from the threads exchanging
+/// them (one-way latency of 100 KB messages, 25 % of them at 120-250 us instead of 40).
+/// So it looks again [`HANDOFF`] into each sleep of the leader (and after one left), and
+/// sleeps until its tick when the leader is still asleep then; a leader whose wait ends
+/// wakes it only then, or when other threads wait (they need someone on the channel now).
+/// A leader that finds the background thread on the channel interrupts it once, so that it
+/// moves off.
 #[derive(Debug, Default)]
 struct Leader {
     held: bool,
 }
+
+/// How long the background thread leaves the channel to application threads after the last
+/// one slept there (see [`Leader`]). As the soft provider's hand-off of its sockets.
+const HANDOFF: Duration = Duration::from_millis(2);
 
 impl Leader {
     /// Takes the leadership if nobody holds it; true when this thread leads.
@@ -278,6 +292,7 @@ impl Leader {
     /// context).
     fn sleep(&self, sh: &Shared, st: &mut MutexGuard<'_, State>, on: Option<usize>, t: Duration) {
         st.leader_asleep = Some(on);
+        st.leader_slept_at = Some(Instant::now());
         if on.is_none() {
             sh.leader_waits_any.store(true, Ordering::Release);
         }
@@ -288,15 +303,30 @@ impl Leader {
         sh.leader_waits_any.store(false, Ordering::Release);
     }
 
-    /// The wait ends with `r`: gives the leadership back (the background thread returns to
-    /// the channel).
+    /// The wait ends with `r`: gives the leadership back.
     fn end<T>(&mut self, sh: &Shared, st: &mut State, r: T) -> T {
         if self.held {
             self.held = false;
             st.leader = false;
-            sh.bg_cond.notify_one();
+            st.leader_slept_at = Some(Instant::now());
+            if st.bg_sleeps_long || sh.sleepers.load(Ordering::Acquire) > 0 {
+                sh.bg_cond.notify_one();
+            }
         }
         r
+    }
+}
+
+/// Where the background thread sleeps next (see [`Leader`]): on the channel, or on
+/// `bg_cond` until the returned instant (and whether that is a long sleep, which a leader
+/// whose wait ends must interrupt).
+fn background_sleep(st: &State, now: Instant, tick: Duration) -> Option<(Instant, bool)> {
+    let look = st.leader_slept_at.map(|t| t + HANDOFF).filter(|&l| l > now);
+    match (st.leader, look) {
+        (true, Some(l)) => Some((l.min(now + tick), false)),
+        (true, None) => Some((now + tick, true)),
+        (false, Some(l)) => Some((l.min(now + tick), false)),
+        (false, None) => None,
     }
 }
 
@@ -436,24 +466,26 @@ pub(crate) fn background(sh: &Arc<Shared>) {
                 tick
             };
         }
-        // Our progress call claimed the device's sockets as a poller would (the soft NIC's
-        // engine thread then leaves them alone for 2 ms): hand them back before sleeping,
-        // unless an application thread is spinning (it polls them itself, and the engine
-        // thread would compete). Without this, a packet that arrived while we slept waited
-        // up to 2 ms for anybody to read it: message latency without busy polling had a
-        // p99 of 1.1 ms, and a 64 KiB rendezvous round took 1.3 ms at p50.
-        if sh.spinners.load(Ordering::Acquire) == 0 {
-            sh.vctx.yield_polling();
-        }
-        // While a leader sleeps on the channel (see `Leader`), ours is only the timers.
+        // While application threads sleep on the channel (see `Leader`), ours is only the
+        // timers.
         {
             let mut st = sh.state.lock();
-            if st.leader {
-                sh.bg_cond.wait_for(&mut st, sleep);
+            if let Some((until, long)) = background_sleep(&st, Instant::now(), sleep) {
+                // Our progress call claimed the device's reception as a poller would (the
+                // soft NIC then leaves it to us for 2 ms): hand it back before sleeping, or
+                // the leader, parked on the sockets, would leave them alone that long.
+                sh.vctx.yield_polling();
+                st.bg_sleeps_long = long;
+                sh.bg_cond.wait_until(&mut st, until);
+                st.bg_sleeps_long = false;
                 continue;
             }
             st.bg_on_channel = true;
         }
+        // (Sleeping on the channel ends our claim on reception: the soft provider parks us on
+        // its sockets, or hands them to its engine thread. Without that, a packet that
+        // arrived while we slept waited up to 2 ms for anybody to read it: message latency
+        // without busy polling had a p99 of 1.1 ms.)
         // While an application thread polls, stay asleep for a whole tick: a thread that
         // stops polling to sleep arms the completion queue first, which wakes us at once,
         // and waking up more often only steals the polling thread's CPU. While a peer

@@ -178,6 +178,12 @@ pub(crate) struct State {
     pub(crate) leader_asleep: Option<Option<usize>>,
     /// The background thread sleeps on the completion channel (a new leader moves it off).
     pub(crate) bg_on_channel: bool,
+    /// When the leader last went to sleep on the channel, or left it (see
+    /// `progress::background_sleep`).
+    pub(crate) leader_slept_at: Option<Instant>,
+    /// The background thread sleeps until its tick while a leader sleeps: a leader whose
+    /// wait ends wakes it.
+    pub(crate) bg_sleeps_long: bool,
     wc: Vec<WorkCompletion>,
 }
 
@@ -214,6 +220,8 @@ impl State {
             leader: false,
             leader_asleep: None,
             bg_on_channel: false,
+            leader_slept_at: None,
+            bg_sleeps_long: false,
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }

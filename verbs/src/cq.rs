@@ -73,9 +73,6 @@ impl CompletionChannel {
             }
             dev.progress();
         }
-        if !spin.is_zero() {
-            dev.release();
-        }
         loop {
             if self.take() {
                 return Ok(true);
@@ -87,7 +84,9 @@ impl CompletionChannel {
             if elapsed >= timeout {
                 return Ok(false);
             }
-            driver::sys::poll_readable(&[self.inner.fd.raw()], Some(timeout - elapsed))
+            // (The soft provider receives packets on this thread while it sleeps, so that
+            // the one that fires the channel wakes it directly.)
+            dev.park(self.inner.fd.raw(), timeout - elapsed)
                 .map_err(|error| VerbsError::Io { op: "poll", error })?;
         }
     }

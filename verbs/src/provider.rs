@@ -65,6 +65,12 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn progress(&self) -> usize;
     /// A polling thread is about to sleep.
     fn release(&self);
+    /// Sleeps until `fd` (a completion channel's) is readable or `timeout` passes. A
+    /// provider that needs a thread to move packets (soft) moves them on this one meanwhile.
+    fn park(&self, fd: RawFd, timeout: std::time::Duration) -> std::io::Result<()> {
+        self.release();
+        crate::soft::driver::sys::poll_readable(&[fd], Some(timeout)).map(|_| ())
+    }
     /// The calling thread opens (`true`) or closes a post batch (see
     /// [`Context::batch_posts`](crate::Context::batch_posts)). Providers whose posts are
     /// cheap ignore it.

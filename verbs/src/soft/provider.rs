@@ -189,6 +189,10 @@ impl Provider for Shared {
         Self::release(self);
     }
 
+    fn park(&self, fd: RawFd, timeout: std::time::Duration) -> std::io::Result<()> {
+        Self::park(self, fd, timeout)
+    }
+
     fn batch_posts(&self, on: bool) {
         Self::batch_posts(self, on);
     }

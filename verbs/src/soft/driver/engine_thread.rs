@@ -2,7 +2,7 @@
 //! a polling thread claims the sockets for [`HANDOFF_NS`]; otherwise the engine thread
 //! sleeps in `poll(2)` on the sockets, the wake-up eventfd and the next timer.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -18,12 +18,88 @@ impl Shared {
         self.drain_at(now) + self.xrc.poll_members()
     }
 
-    /// Called before a poller goes to sleep: hands reception back to the engine thread now.
+    /// Called before a poller goes to sleep: hands reception back now, to the parked thread
+    /// if there is one (see [`park`](Self::park)), else to the engine thread.
     pub(crate) fn release(&self) {
         self.flush_held();
         self.last_poll.store(0, Ordering::Relaxed);
-        self.wake.signal();
+        // (Against the parked thread's store of `parker_waits_claim` and load of our claim:
+        // one of us sees the other.)
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.parker.load(Ordering::Acquire) {
+            if self.parker_waits_claim.load(Ordering::Acquire) {
+                self.park_wake.signal();
+            }
+        } else {
+            self.wake.signal();
+        }
         self.xrc.wake_members();
+    }
+
+    /// Sleeps until `fd` (a completion channel's) is readable or `timeout` passes, and
+    /// meanwhile receives this device's packets on the calling thread: the parked poller.
+    ///
+    /// A thread that sleeps on a channel because it waits for a completion is woken by the
+    /// packet that causes it, with no hand-off: otherwise the engine thread wakes for the
+    /// packet and then wakes the sleeper through the channel, two wake-ups in a row (~15-25
+    /// us each here) where hardware raises one interrupt. The engine thread keeps the
+    /// timers and stays off the sockets while a thread is parked; one thread parks at a
+    /// time (another sleeps on its fd alone), and none does on a member of a shared XRC
+    /// domain (its member links have reader threads of their own).
+    ///
+    /// A parked thread leaves the sockets to a thread that polls (a claim younger than
+    /// [`HANDOFF_NS`]) and takes them back when that thread stops (`release`) or its claim
+    /// lapses. Its own claim ends as it parks. When it leaves, it claims reception like a
+    /// poller (it usually polls again soon), and the engine thread takes over if it does not.
+    pub(crate) fn park(&self, fd: RawFd, timeout: Duration) -> std::io::Result<()> {
+        if self.xrc.is_member() || self.parker.swap(true, Ordering::AcqRel) {
+            self.release();
+            sys::poll_readable(&[fd], Some(timeout))?;
+            return Ok(());
+        }
+        let _parked = Parked(self);
+        self.flush_held();
+        let start = self.now();
+        self.last_poll.store(0, Ordering::Relaxed);
+        self.parked_since.store(start.max(1), Ordering::Release);
+        let mut fds = Vec::with_capacity(2 + self.sockets.len());
+        loop {
+            let now = self.now();
+            let left = timeout.saturating_sub(Duration::from_nanos(now - start));
+            if left.is_zero() {
+                return Ok(());
+            }
+            // Say we would wait for a claim before looking at it (see `release`).
+            self.parker_waits_claim.store(true, Ordering::Release);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let claim = self.poller_remaining();
+            if claim.is_none() {
+                self.parker_waits_claim.store(false, Ordering::Release);
+            }
+            fds.clear();
+            fds.extend([fd, self.park_wake.raw()]);
+            if claim.is_none() {
+                fds.extend(self.sockets.iter().map(AsRawFd::as_raw_fd));
+                fds.extend(self.groups.lock().iter().map(|g| g.sock.as_raw_fd()));
+            }
+            let t = claim.map_or(left, |c| c.min(left));
+            let ready = sys::poll_readable(&fds, Some(t))?;
+            if ready.first().copied().unwrap_or(false) {
+                return Ok(());
+            }
+            if ready.get(1).copied().unwrap_or(false) {
+                self.park_wake.drain();
+            }
+            if ready.iter().skip(2).any(|&r| r) {
+                // What the packets complete signals `fd` if its CQ is armed: the next poll
+                // returns at once.
+                for _ in 0..64 {
+                    if self.drain() == 0 {
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// While an application thread is polling (it claimed reception less than
@@ -41,6 +117,26 @@ impl Shared {
         match (t, f) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Ends a park (see [`Shared::park`]).
+struct Parked<'a>(&'a Shared);
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let sh = self.0;
+        let now = sh.now();
+        sh.last_poll.store(now.max(1), Ordering::Relaxed);
+        sh.parker_waits_claim.store(false, Ordering::Release);
+        sh.parker.store(false, Ordering::Release);
+        // The engine thread takes reception over once this claim lapses: it must be awake
+        // then (it sleeps until its timers alone during a long park). (Against its store of
+        // `engine_sleeps_until` and load of `parker`: one of us sees the other.)
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if sh.engine_sleeps_until.load(Ordering::Acquire) > now + HANDOFF_NS {
+            sh.wake.signal();
         }
     }
 }
@@ -93,16 +189,28 @@ pub(super) fn engine_thread(weak: Weak<Shared>) {
         // About to sleep: from here, a post that arms a timer wakes us unless our deadline
         // (computed below, under the NIC lock the post also takes) is earlier.
         sh.engine_sleeps_until.store(u64::MAX, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
         let now = sh.now();
         let last = sh.last_poll.load(Ordering::Relaxed);
-        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
+        let parked = sh.parker.load(Ordering::Acquire);
+        let poller_active = parked || (last != 0 && now.saturating_sub(last) < HANDOFF_NS);
         let mut deadline = sh.next_deadline();
         if let Some(d) = sh.doorbell.deadline() {
             deadline = Some(deadline.map_or(d, |x| x.min(d)));
         }
-        if poller_active {
-            let handoff_end = last + HANDOFF_NS;
-            deadline = Some(deadline.map_or(handoff_end, |d| d.min(handoff_end)));
+        // Look again when a poller's claim lapses. A parked thread claims for as long as it
+        // is parked: look once `HANDOFF_NS` into the park, then sleep on the timers (the
+        // thread wakes us as it leaves if we sleep past its claim then: `Parked`).
+        let handoff_end = if parked {
+            let since = sh.parked_since.load(Ordering::Acquire);
+            (now < since + HANDOFF_NS).then_some(since + HANDOFF_NS)
+        } else if poller_active {
+            Some(last + HANDOFF_NS)
+        } else {
+            None
+        };
+        if let Some(h) = handoff_end {
+            deadline = Some(deadline.map_or(h, |d| d.min(h)));
         }
         let links = sh.checks_links();
         if links {
@@ -138,7 +246,8 @@ pub(super) fn engine_thread(weak: Weak<Shared>) {
         }
         let now = sh.now();
         let last = sh.last_poll.load(Ordering::Relaxed);
-        let poller_active = last != 0 && now.saturating_sub(last) < HANDOFF_NS;
+        let poller_active = sh.parker.load(Ordering::Acquire)
+            || (last != 0 && now.saturating_sub(last) < HANDOFF_NS);
         if !poller_active {
             // Drain until the sockets are empty (bounded so timers still run).
             for _ in 0..64 {

@@ -100,6 +100,16 @@ pub(crate) struct Shared {
     /// nobody polls wakes it (`run_nic`).
     engine_sleeps_until: AtomicU64,
     wake: EventFd,
+    /// A thread sleeps on a completion channel receiving this device's packets itself (see
+    /// `park` in `engine_thread.rs`); the engine thread then stays off the sockets.
+    parker: AtomicBool,
+    /// When the current (or last) park began, in device nanoseconds.
+    parked_since: AtomicU64,
+    /// The parked thread left the sockets to a thread that polls, and wants to hear when
+    /// that thread stops (`release` then signals `park_wake`).
+    parker_waits_claim: AtomicBool,
+    /// Wakes the parked thread to look again at who receives.
+    park_wake: EventFd,
     shutdown: AtomicBool,
     faults: Option<Mutex<FaultInjector<(usize, SocketAddr, IpAddr)>>>,
     /// Sockets bound to joined multicast groups.
@@ -294,6 +304,7 @@ impl Shared {
             .collect();
         let io = |op| move |error| VerbsError::Io { op, error };
         let wake = EventFd::new().map_err(io("eventfd"))?;
+        let park_wake = EventFd::new().map_err(io("eventfd"))?;
         let event_fd = EventFd::new().map_err(io("eventfd"))?;
         let shared = Arc::new_cyclic(|me| Self {
             me: me.clone(),
@@ -314,6 +325,10 @@ impl Shared {
             last_poll: AtomicU64::new(0),
             engine_sleeps_until: AtomicU64::new(0),
             wake,
+            parker: AtomicBool::new(false),
+            parked_since: AtomicU64::new(0),
+            parker_waits_claim: AtomicBool::new(false),
+            park_wake,
             shutdown: AtomicBool::new(false),
             faults,
             groups: Mutex::new(Vec::new()),

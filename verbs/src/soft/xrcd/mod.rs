@@ -76,6 +76,12 @@ impl Links {
 
     /// Reads what the hosts of the domains this device is a member of sent, on the calling
     /// (busy-polling) thread. Returns the frames dispatched.
+    /// Whether this device is a member of a shared XRC domain (reader threads then carry
+    /// its member links while nobody polls).
+    pub(crate) fn is_member(&self) -> bool {
+        self.member.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn poll_members(&self) -> usize {
         if !self.member.load(std::sync::atomic::Ordering::Relaxed) {
             return 0;
