@@ -14,8 +14,9 @@ use rdmx_rc::{Context, Endpoint};
 const T: Duration = Duration::from_secs(20);
 
 /// The worst round trip allowed: a lost wake-up costs a whole 100 ms tick, while a noisy
-/// two-core machine delays a loopback round trip by a few milliseconds at worst.
-const WORST: Duration = Duration::from_millis(40);
+/// two-core machine delays a loopback round trip by a few milliseconds (up to ~27 ms seen
+/// in a debug build with the three tests side by side).
+const WORST: Duration = Duration::from_millis(70);
 
 /// A context with the wait settings these tests are about (whatever the environment says):
 /// blocking calls spin 50 us, then sleep; the tick is 100 ms.
@@ -61,8 +62,8 @@ fn ping_pong(
     len: usize,
     rounds: usize,
     serve: fn(&Context, &Endpoint) -> rdmx_rc::Message,
-) -> Vec<Duration> {
-    let (_client, cep, server, sep) = pair();
+) -> (Vec<Duration>, String) {
+    let (client, cep, server, sep) = pair();
     let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -80,16 +81,23 @@ fn ping_pong(
             assert_eq!(m.len(), len, "round {i}");
             assert!(m[..] == payload[..], "round {i}: the echo differs");
         }
-        rtts
+        let nics = format!(
+            "client NIC {:?}; server NIC {:?}",
+            client.device_counters(),
+            server.device_counters()
+        );
+        (rtts, nics)
     })
 }
 
-fn check(mut rtts: Vec<Duration>) {
+/// Fails when the worst round trip reached [`WORST`] (with the devices' counters: a lost
+/// packet shows as an ACK timeout, not a lost wake-up).
+fn check((mut rtts, nics): (Vec<Duration>, String)) {
     let line = summary(&mut rtts);
     eprintln!("{line}");
     assert!(
         rtts.last().is_some_and(|m| *m < WORST),
-        "a blocking wait slept through its wake-up: {line}"
+        "a blocking wait slept through its wake-up: {line}; {nics}"
     );
 }
 

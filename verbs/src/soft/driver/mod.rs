@@ -302,6 +302,7 @@ impl Shared {
             .iter()
             .map(|n| port_active_mtu(n.as_deref()))
             .collect();
+        let port_mtus: Vec<usize> = cfg.port_mtus.iter().map(|m| m.bytes()).collect();
         let io = |op| move |error| VerbsError::Io { op, error };
         let wake = EventFd::new().map_err(io("eventfd"))?;
         let park_wake = EventFd::new().map_err(io("eventfd"))?;
@@ -318,6 +319,7 @@ impl Shared {
                 sources: Vec::new(),
                 burst: false,
                 ports: vec![rx::PortRx::default(); sockets.len()],
+                port_mtus: port_mtus.clone(),
             }),
             sockets,
             addrs: bound,
