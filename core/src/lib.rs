@@ -8,10 +8,17 @@
 //! * [`header`]: the message header that precedes every eager message on the wire;
 //! * [`credit`]: receive-credit accounting shared by all endpoints of a context;
 //! * [`bootstrap`]: the TCP side channel on which endpoints exchange their addresses;
-//! * [`Event`] and [`Error`]: what the application is told.
+//! * [`Event`] and [`Error`]: what the application is told;
+//! * [`worker`]: the progress engine every transport plugs into ([`Worker`], the
+//!   [`Transport`](worker::Transport) trait), with the waits, the background thread,
+//!   events, received [`Message`]s and send batches.
 //!
 //! The RC/XRC endpoints that use these pieces live in `rdmx-rc`; the `rdmx` facade re-exports
 //! both.
+//!
+//! # Cargo features
+//!
+//! * `tokio`: the async wait of the worker (`worker::wait_async`).
 #![deny(unsafe_code)]
 
 pub mod bootstrap;
@@ -22,9 +29,11 @@ mod event;
 pub mod header;
 pub mod pool;
 pub mod regcache;
+pub mod worker;
 
 pub use config::{Config, ConfigBuilder};
 pub use error::{Error, Result};
 pub use event::{DisconnectCause, Event};
 pub use pool::{Buf, BufferPool, PoolStats};
 pub use regcache::{RegCache, RegCacheStats, Registered};
+pub use worker::{Message, Worker};

@@ -1,9 +1,6 @@
 //! Async forms of the endpoint, context and listener calls (feature `tokio`).
 //!
-//! A pending future registers as a sleeper: the context's background thread then sleeps
-//! armed on the completion channel and, when completions arrive, runs progress and wakes
-//! the futures (a `tokio::sync::Notify`). Credits that arrive by RDMA WRITE raise no
-//! completion, so a waiting future also looks again after a short, growing delay.
+//! They wait with the worker's async wait (`rdmx_core::worker::wait_async`).
 //!
 //! Cancellation is safe: a future never owns memory the NIC may use. Until a send is posted
 //! its bytes are only in the future; once posted, the buffer belongs to the endpoint's
@@ -12,73 +9,14 @@
 
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdmx_core::{Buf, Error, Result, bootstrap};
+use rdmx_core::worker::wait_async;
+use rdmx_core::{Buf, Error, Message, Result, bootstrap};
 
-use crate::endpoint::{Endpoint, Message};
+use crate::endpoint::Endpoint;
 use crate::send::Payload;
-use crate::shared::{Shared, State};
-
-/// Counts a sleeping future for as long as it waits (also when it is dropped mid-wait).
-struct Sleeper<'a>(&'a AtomicUsize);
-
-impl<'a> Sleeper<'a> {
-    fn new(n: &'a AtomicUsize) -> Self {
-        n.fetch_add(1, Ordering::AcqRel);
-        Self(n)
-    }
-}
-
-impl Drop for Sleeper<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Runs `f` under the context lock after progress until it gives a result, awaiting
-/// completions in between.
-async fn wait_async<T>(
-    sh: &Shared,
-    mut f: impl FnMut(&Shared, &mut State) -> Option<Result<T>>,
-) -> Result<T> {
-    let mut delay = Duration::from_micros(100);
-    loop {
-        let notified = sh.notify.notified();
-        let mut notified = std::pin::pin!(notified);
-        notified.as_mut().enable();
-        let _sleeping = {
-            let mut st = sh.state.lock();
-            if sh.progress(&mut st) > 0 {
-                sh.wake_all();
-            }
-            if let Some(r) = f(sh, &mut st) {
-                return r;
-            }
-            sh.cq.req_notify(false);
-            // Counted before the lock goes: the background thread decides under the lock
-            // whether to re-arm the queue before it sleeps, and must see this future.
-            Sleeper::new(&sh.sleepers)
-        };
-        sh.vctx.yield_polling();
-        // Woken by a completion (`notified`) or by the delay, whichever comes first. The
-        // delay needs no runtime timer: a runtime built without `enable_time` used to make
-        // this panic.
-        let mut timer = crate::async_timer::Delay::new(delay);
-        std::future::poll_fn(|cx| {
-            if notified.as_mut().poll(cx).is_ready()
-                || std::pin::Pin::new(&mut timer).poll(cx).is_ready()
-            {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        })
-        .await;
-        delay = (delay * 2).min(Duration::from_millis(5));
-    }
-}
 
 impl Endpoint {
     /// Waits for the next message without blocking the thread.
@@ -86,7 +24,10 @@ impl Endpoint {
     /// # Errors
     /// As [`recv`](Self::recv).
     pub async fn recv_async(&self) -> Result<Message> {
-        wait_async(&self.sh, |_, st| self.take_message(st)).await
+        wait_async(&self.rc.w, |ws| {
+            self.rc.on(ws, |sh, st, cx| self.take_message(sh, st, cx))
+        })
+        .await
     }
 
     /// Sends a copy of `data`, waiting for a credit without blocking the thread.
@@ -125,20 +66,22 @@ impl Endpoint {
         let key = self.key;
         // A send that does not go at once counts as one credit wait, as in `send`.
         let mut counted = false;
-        wait_async(&self.sh, |sh, st| {
-            let p = slot.take()?;
-            match sh.try_send(st, key, p) {
-                Ok(None) => Some(Ok(())),
-                Ok(Some(back)) => {
-                    if !counted {
-                        counted = true;
-                        st.stats.credit_waits += 1;
+        wait_async(&self.rc.w, |ws| {
+            self.rc.on(ws, |sh, st, cx| {
+                let p = slot.take()?;
+                match sh.try_send(st, cx, key, p) {
+                    Ok(None) => Some(Ok(())),
+                    Ok(Some(back)) => {
+                        if !counted {
+                            counted = true;
+                            st.stats.credit_waits += 1;
+                        }
+                        *slot = Some(back);
+                        None
                     }
-                    *slot = Some(back);
-                    None
+                    Err(e) => Some(Err(e)),
                 }
-                Err(e) => Some(Err(e)),
-            }
+            })
         })
         .await
     }
@@ -152,8 +95,8 @@ impl crate::Context {
     /// # Errors
     /// As [`Context::recv`](crate::Context::recv).
     pub async fn recv_async(&self) -> Result<Message> {
-        let sh = self.shared().clone();
-        wait_async(&sh, |_, st| sh.take_any(st).map(Ok)).await
+        let w = &self.rc().w;
+        wait_async(w, |ws| w.take_any(ws).map(Ok)).await
     }
 }
 

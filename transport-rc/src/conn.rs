@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rdmx_core::bootstrap::{self, BootstrapError, EndpointInfo, Frame, PathInfo, TransportKind};
 use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::header::{MAILBOX_LEN, Mailbox};
+use rdmx_core::worker::{Cx, WaitSlot};
 use rdmx_core::{DisconnectCause, Error, Result};
 use rdmx_verbs::{
     AccessFlags, AhAttr, Gid, MigState, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
@@ -18,7 +19,7 @@ use crate::context::{Context, MAX_ENDPOINTS};
 use crate::endpoint::Endpoint;
 use crate::ep::{Ep, Hold, Status};
 use crate::send::{PostData, post_on};
-use crate::shared::{Shared, State};
+use crate::shared::{RcRef, Shared, State};
 
 /// Send queue depth of an endpoint's queue pair.
 pub(crate) fn sq_depth(sh: &Shared) -> u32 {
@@ -168,19 +169,20 @@ fn bring_up(sh: &Shared, qp: &QueuePair, my_psn: u32, peer: &EndpointInfo) -> Re
 }
 
 /// Brings the queue pair of the registered endpoint `key` up towards `peer`.
-fn bring_up_endpoint(sh: &Shared, key: usize, psn: u32, peer: &EndpointInfo) -> Result<()> {
-    let st = sh.state.lock();
-    let ep = st
-        .eps
-        .get(key)
-        .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
-    bring_up(sh, &ep.qp, psn, peer)
+fn bring_up_endpoint(rc: &RcRef, key: usize, psn: u32, peer: &EndpointInfo) -> Result<()> {
+    rc.with(|sh, st, _| {
+        let ep = st
+            .eps
+            .get(key)
+            .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
+        bring_up(sh, &ep.qp, psn, peer)
+    })
 }
 
 /// Ends an exchange: the endpoint when `result` is `Ok`, else its registration undone and
 /// the error.
 pub(crate) fn settle(
-    sh: &Arc<Shared>,
+    rc: &RcRef,
     key: usize,
     id: u64,
     result: Result<()>,
@@ -188,11 +190,11 @@ pub(crate) fn settle(
     peer: SocketAddr,
 ) -> Result<Endpoint> {
     if let Err(e) = result {
-        unregister(sh, key);
+        unregister(rc, key);
         return Err(e);
     }
     tracing::debug!(endpoint = id, %peer, "{what}");
-    Ok(Endpoint::new(Arc::clone(sh), key, id, peer))
+    Ok(Endpoint::new(rc.clone(), key, id, peer))
 }
 
 /// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's
@@ -223,122 +225,120 @@ pub(crate) fn load_alternate(
 /// RC queue pair, or (XRC) an initiator that may still be replaced by the context's
 /// existing one once the peer's node is known.
 pub(crate) fn register(
-    sh: &Shared,
+    rc: &RcRef,
     qp: Arc<QueuePair>,
     psn: u32,
 ) -> Result<(usize, u64, EndpointInfo)> {
-    let mut st = sh.state.lock();
-    if st.eps.len() >= MAX_ENDPOINTS {
-        return Err(Error::InvalidArgument(format!(
-            "a context holds at most {MAX_ENDPOINTS} endpoints"
-        )));
-    }
-    let key = st.eps.vacant_key();
-    let mut recv = RecvWindow::default();
-    let credits = st.budget.add_endpoint(&mut recv);
-    recv.advertise();
-    let id = st.next_id;
-    st.next_id += 1;
-    let mailbox_off = key * MAILBOX_LEN;
-    let _ = sh.mailbox.write(mailbox_off, &[0; MAILBOX_LEN]);
-    let qpn = qp.qp_num().0;
-    let xrc = sh.node.as_ref();
-    let info = EndpointInfo {
-        transport: if xrc.is_some() {
-            TransportKind::Xrc
-        } else {
-            TransportKind::Rc
-        },
-        // XRC: the initiator is announced in the second Hello (see xrc.rs).
-        qpn: if xrc.is_some() { 0 } else { qpn },
-        psn,
-        mtu: sh.mtu_bytes,
-        primary: path_info(sh, 1)?,
-        alternate: if sh.ports >= 2 {
-            Some(path_info(sh, 2)?)
-        } else {
-            None
-        },
-        srq_nums: if xrc.is_some() {
-            vec![sh.srq.srq_num()]
-        } else {
-            Vec::new()
-        },
-        credits,
-        mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
-        mailbox_rkey: sh.mailbox.rkey().0,
-        max_message: sh.cfg.max_message as u64,
-        eager_limit: sh.cfg.rndv_threshold as u32,
-        context_id: sh.context_id,
-        node_id: xrc.map_or(0, |n| n.id),
-        tag: key as u32,
-        xrc_target: None,
-        xrc_target_path: xrc.and_then(|n| n.target_path(1)),
-        xrc_target_alt: if sh.ports >= 2 {
-            xrc.and_then(|n| n.target_path(2))
-        } else {
-            None
-        },
-        xrc_in_use: None,
-    };
-    st.eps.insert(Ep {
-        id,
-        key,
-        qp,
-        qpn,
-        // XRC: set once this node's target for the peer's initiator is known.
-        recv_qpn: if xrc.is_some() { u32::MAX } else { qpn },
-        remote_srqn: None,
-        peer_tag: 0,
-        status: Status::Connecting,
-        detached: false,
-        close_sent: false,
-        peer_closed: false,
-        closed_here: false,
-        send: SendWindow::new(0),
-        recv,
-        in_needy: false,
-        cond: Arc::default(),
-        sleepers: 0,
-        activity: 0,
-        in_ready: false,
-        close_event_due: false,
-        peer_mailbox: (0, 0),
-        peer_context: 0,
-        mailbox_off,
-        mailbox_seen: Mailbox::default(),
-        peer_eager_limit: 0,
-        peer_max_message: 0,
-        next_seq: 0,
-        sq_depth: sq_depth(sh),
-        unsignaled: 0,
-        inflight: VecDeque::new(),
-        signaled_out: 0,
-        ops_done: Vec::new(),
-        rndv_out: VecDeque::new(),
-        rndv_out_done: 0,
-        rndv_in_done: 0,
-        rndv_in_adv: 0,
-        rndv_in_seen: 0,
-        pack: None,
-        rndv_wake_at: None,
-        rndv_queued: 0,
-        inbox: VecDeque::new(),
-        delivered: 0,
-        paths: None,
-        on_alt: false,
-        rearm_port: None,
-        rearm_after: None,
-        last_rx: Instant::now(),
-        keepalive_at: None,
-        close_deadline: None,
-        linger_until: None,
-        recall: crate::ep::RecallState::default(),
-    });
-    if xrc.is_none() {
-        st.by_qpn.insert(qpn, key);
-    }
-    Ok((key, id, info))
+    rc.with(|sh, st, _| {
+        if st.eps.len() >= MAX_ENDPOINTS {
+            return Err(Error::InvalidArgument(format!(
+                "a context holds at most {MAX_ENDPOINTS} endpoints"
+            )));
+        }
+        let key = st.eps.vacant_key();
+        let mut recv = RecvWindow::default();
+        let credits = st.budget.add_endpoint(&mut recv);
+        recv.advertise();
+        let id = st.next_id;
+        st.next_id += 1;
+        let mailbox_off = key * MAILBOX_LEN;
+        let _ = sh.mailbox.write(mailbox_off, &[0; MAILBOX_LEN]);
+        let qpn = qp.qp_num().0;
+        let xrc = sh.node.as_ref();
+        let info = EndpointInfo {
+            transport: if xrc.is_some() {
+                TransportKind::Xrc
+            } else {
+                TransportKind::Rc
+            },
+            // XRC: the initiator is announced in the second Hello (see xrc.rs).
+            qpn: if xrc.is_some() { 0 } else { qpn },
+            psn,
+            mtu: sh.mtu_bytes,
+            primary: path_info(sh, 1)?,
+            alternate: if sh.ports >= 2 {
+                Some(path_info(sh, 2)?)
+            } else {
+                None
+            },
+            srq_nums: if xrc.is_some() {
+                vec![sh.srq.srq_num()]
+            } else {
+                Vec::new()
+            },
+            credits,
+            mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
+            mailbox_rkey: sh.mailbox.rkey().0,
+            max_message: sh.cfg.max_message as u64,
+            eager_limit: sh.cfg.rndv_threshold as u32,
+            context_id: sh.context_id,
+            node_id: xrc.map_or(0, |n| n.id),
+            tag: key as u32,
+            xrc_target: None,
+            xrc_target_path: xrc.and_then(|n| n.target_path(1)),
+            xrc_target_alt: if sh.ports >= 2 {
+                xrc.and_then(|n| n.target_path(2))
+            } else {
+                None
+            },
+            xrc_in_use: None,
+        };
+        st.eps.insert(Ep {
+            id,
+            key,
+            qp,
+            qpn,
+            // XRC: set once this node's target for the peer's initiator is known.
+            recv_qpn: if xrc.is_some() { u32::MAX } else { qpn },
+            remote_srqn: None,
+            peer_tag: 0,
+            status: Status::Connecting,
+            detached: false,
+            close_sent: false,
+            peer_closed: false,
+            closed_here: false,
+            send: SendWindow::new(0),
+            recv,
+            in_needy: false,
+            wait: WaitSlot::new(key),
+            close_event_due: false,
+            peer_mailbox: (0, 0),
+            peer_context: 0,
+            mailbox_off,
+            mailbox_seen: Mailbox::default(),
+            peer_eager_limit: 0,
+            peer_max_message: 0,
+            next_seq: 0,
+            sq_depth: sq_depth(sh),
+            unsignaled: 0,
+            inflight: VecDeque::new(),
+            signaled_out: 0,
+            ops_done: Vec::new(),
+            rndv_out: VecDeque::new(),
+            rndv_out_done: 0,
+            rndv_in_done: 0,
+            rndv_in_adv: 0,
+            rndv_in_seen: 0,
+            pack: None,
+            rndv_wake_at: None,
+            rndv_queued: 0,
+            inbox: VecDeque::new(),
+            delivered: 0,
+            paths: None,
+            on_alt: false,
+            rearm_port: None,
+            rearm_after: None,
+            last_rx: Instant::now(),
+            keepalive_at: None,
+            close_deadline: None,
+            linger_until: None,
+            recall: crate::ep::RecallState::default(),
+        });
+        if xrc.is_none() {
+            st.by_qpn.insert(qpn, key);
+        }
+        Ok((key, id, info))
+    })
 }
 
 /// Fills in what the peer told us, and opens the endpoint.
@@ -347,56 +347,56 @@ pub(crate) fn register(
 /// them, keepalives) left it alone, as its peer's mailbox was unknown. A write to it then
 /// went to address 0 and took the endpoint down with a remote access error, which 100
 /// client threads connecting at once through one context hit about once in 12 runs.
-pub(crate) fn complete(sh: &Shared, key: usize, peer: &EndpointInfo) {
-    let mut st = sh.state.lock();
-    let target = st.budget.target();
-    if let Some(ep) = st.eps.get_mut(key) {
-        if ep.status == Status::Connecting {
-            ep.status = Status::Open;
+pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
+    rc.with(|sh, st, cx| {
+        let target = st.budget.target();
+        if let Some(ep) = st.eps.get_mut(key) {
+            if ep.status == Status::Connecting {
+                ep.status = Status::Open;
+            }
+            ep.peer_tag = peer.tag as u16;
+            ep.peer_context = peer.context_id;
+            if sh.node.is_some() {
+                ep.remote_srqn = peer.srq_nums.first().copied();
+            }
+            ep.send = SendWindow::new(peer.credits);
+            ep.peer_mailbox = (peer.mailbox_addr, peer.mailbox_rkey);
+            ep.peer_eager_limit = peer.eager_limit as usize;
+            ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
+            ep.last_rx = Instant::now();
+            // The paths the endpoint's queue pair sends on (re-armed after a migration): the
+            // peer's ports, or with XRC towards a node hosted by another process, that host's.
+            let paths = match &peer.xrc_target_path {
+                Some(p) => peer.xrc_target_alt.as_ref().map(|a| (p, a)),
+                None => peer.alternate.as_ref().map(|a| (&peer.primary, a)),
+            };
+            if sh.ports >= 2
+                && let Some((p, alt)) = paths
+            {
+                ep.paths = Some([p.clone(), alt.clone()]);
+            }
+            // Grants made while connecting are told now; below its window, it waits for more
+            // like the others.
+            let below = ep.recv.outstanding() < target;
+            let unfed = ep.recv.granted == 0;
+            if ep.recv.unadvertised() > 0 {
+                st.dirty.push(key);
+            }
+            if below {
+                sh.mark_needy(st, key);
+            }
+            // With every buffer promised, it has none: look for idle holders now rather than at
+            // the next scan (the recall finds it among the starving).
+            if unfed && st.budget.spare() == 0 {
+                st.recall_scanned_at = None;
+            }
         }
-        ep.peer_tag = peer.tag as u16;
-        ep.peer_context = peer.context_id;
-        if sh.node.is_some() {
-            ep.remote_srqn = peer.srq_nums.first().copied();
-        }
-        ep.send = SendWindow::new(peer.credits);
-        ep.peer_mailbox = (peer.mailbox_addr, peer.mailbox_rkey);
-        ep.peer_eager_limit = peer.eager_limit as usize;
-        ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
-        ep.last_rx = Instant::now();
-        // The paths the endpoint's queue pair sends on (re-armed after a migration): the
-        // peer's ports, or with XRC towards a node hosted by another process, that host's.
-        let paths = match &peer.xrc_target_path {
-            Some(p) => peer.xrc_target_alt.as_ref().map(|a| (p, a)),
-            None => peer.alternate.as_ref().map(|a| (&peer.primary, a)),
-        };
-        if sh.ports >= 2
-            && let Some((p, alt)) = paths
-        {
-            ep.paths = Some([p.clone(), alt.clone()]);
-        }
-        // Grants made while connecting are told now; below its window, it waits for more
-        // like the others.
-        let below = ep.recv.outstanding() < target;
-        let unfed = ep.recv.granted == 0;
-        if ep.recv.unadvertised() > 0 {
-            st.dirty.push(key);
-        }
-        if below {
-            sh.mark_needy(&mut st, key);
-        }
-        // With every buffer promised, it has none: look for idle holders now rather than at
-        // the next scan (the recall finds it among the starving).
-        if unfed && st.budget.spare() == 0 {
-            st.recall_scanned_at = None;
-        }
-    }
-    sh.after(&mut st);
+        sh.after(st, cx);
+    });
 }
 
-pub(crate) fn unregister(sh: &Shared, key: usize) {
-    let mut st = sh.state.lock();
-    sh.remove(&mut st, key);
+pub(crate) fn unregister(rc: &RcRef, key: usize) {
+    rc.with(|sh, st, cx| sh.remove(st, cx, key));
 }
 
 pub(crate) fn check_peer(sh: &Shared, peer: &EndpointInfo) -> Result<()> {
@@ -424,27 +424,28 @@ pub(crate) fn connect(ctx: &Context, addr: SocketAddr) -> Result<Endpoint> {
     let sh = ctx.shared();
     let deadline = Instant::now() + sh.cfg.connect_timeout;
     if sh.node.is_some() {
-        return connect_xrc(sh, addr, deadline);
+        return connect_xrc(ctx.rc(), addr, deadline);
     }
     let mut stream = bootstrap::connect(addr, deadline)?;
     let psn = random_psn();
     let qp = Arc::new(create_qp(sh)?);
-    let (key, id, info) = register(sh, qp, psn)?;
+    let (key, id, info) = register(ctx.rc(), qp, psn)?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
         check_peer(sh, &peer)?;
-        bring_up_endpoint(sh, key, psn, &peer)?;
-        complete(sh, key, &peer);
+        bring_up_endpoint(ctx.rc(), key, psn, &peer)?;
+        complete(ctx.rc(), key, &peer);
         Ok(())
     })();
-    settle(sh, key, id, result, "connected", addr)
+    settle(ctx.rc(), key, id, result, "connected", addr)
 }
 
 /// The connecting side of an XRC endpoint: the exchange, tried again after a short random
 /// pause while the listener declines because its context is busy with another exchange
 /// ([`bootstrap::REJECT_BUSY`]).
-fn connect_xrc(sh: &Arc<Shared>, addr: SocketAddr, deadline: Instant) -> Result<Endpoint> {
+fn connect_xrc(rc: &RcRef, addr: SocketAddr, deadline: Instant) -> Result<Endpoint> {
+    let sh = &*rc.sh;
     loop {
         // XRC exchanges of a context run one at a time, and the TCP connection is made
         // under that lock: otherwise a listener could accept the connection of a thread
@@ -453,7 +454,7 @@ fn connect_xrc(sh: &Arc<Shared>, addr: SocketAddr, deadline: Instant) -> Result<
         // out every time).
         let one_at_a_time = crate::xrc::exchange_lock(sh, deadline)?;
         let stream = bootstrap::connect(addr, deadline)?;
-        match crate::xrc::connect(sh, one_at_a_time, stream, addr, deadline) {
+        match crate::xrc::connect(rc, one_at_a_time, stream, addr, deadline) {
             Err(Error::Bootstrap(BootstrapError::Rejected(r))) if r == bootstrap::REJECT_BUSY => {
                 // Our lock is released: the peer's own exchange with us can go ahead.
                 let pause = Duration::from_millis(5 + crate::context::random_u64() % 40);
@@ -479,7 +480,7 @@ pub(crate) fn accept(
     let deadline = Instant::now() + sh.cfg.connect_timeout;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
     if sh.node.is_some() && peer.transport == TransportKind::Xrc {
-        return crate::xrc::accept(sh, stream, from, &peer, deadline);
+        return crate::xrc::accept(ctx.rc(), stream, from, &peer, deadline);
     }
     if let Err(e) = check_peer(sh, &peer) {
         let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
@@ -493,20 +494,20 @@ pub(crate) fn accept(
             return Err(e);
         }
     };
-    let (key, id, info) = register(sh, Arc::new(qp), psn)?;
+    let (key, id, info) = register(ctx.rc(), Arc::new(qp), psn)?;
     let result = (|| -> Result<()> {
-        bring_up_endpoint(sh, key, psn, &peer)?;
-        complete(sh, key, &peer);
+        bring_up_endpoint(ctx.rc(), key, psn, &peer)?;
+        complete(ctx.rc(), key, &peer);
         bootstrap::send_frame(&mut stream, &Frame::Accept(info), deadline)?;
         Ok(())
     })();
-    settle(sh, key, id, result, "accepted", from).map(Some)
+    settle(ctx.rc(), key, id, result, "accepted", from).map(Some)
 }
 
 /// Background duties, every tick: probe peers that have been silent for half the peer
 /// timeout (a signaled mailbox write: a dead peer makes it exhaust its retries), and give up
 /// on closes that take longer than the peer timeout.
-pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
+pub(crate) fn keepalive(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
     let probe = probe_after(sh.cfg.peer_timeout, sh.keepalive_tick());
     let mut expired = Vec::new();
     for (k, ep) in st.eps.iter_mut() {
@@ -549,15 +550,16 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, now: Instant) {
             ep.keepalive_at = Some(now);
         }
     }
-    crate::recall::tick(sh, st, now);
+    crate::recall::tick(sh, st, cx, now);
     for k in expired {
         sh.fail(
             st,
+            cx,
             k,
             DisconnectCause::PeerUnreachable("the peer did not finish closing in time".into()),
         );
     }
-    sh.after(st);
+    sh.after(st, cx);
 }
 
 #[cfg(test)]

@@ -1,23 +1,22 @@
-//! The context: device, protection domain, completion queue, shared receive queue, buffer
-//! pool and endpoint table, and the threads it starts (their loops, and how blocking calls
-//! wait, are in `progress.rs`); send batches; the listener.
+//! The context: a worker (`rdmx_core::worker`: device, protection domain, completion
+//! channel, buffer pool, waits and the background thread) with the RC transport in it
+//! (completion queue, shared receive queue, mailbox and endpoint table); the listener.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use rdmx_core::bootstrap::{self, TransportKind};
 use rdmx_core::header::{HEADER_LEN, MAILBOX_LEN, RTS_LEN};
-use rdmx_core::pool::{BufferPool, PoolConfig, PoolStats};
+use rdmx_core::pool::PoolStats;
+use rdmx_core::worker::{Batch, Wait, Worker, WorkerHandle, wait_until};
 use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
-use rdmx_verbs::{AccessFlags, Device, DeviceOptions, NicCounters, SrqInitAttr};
+use rdmx_verbs::{AccessFlags, DeviceOptions, NicCounters, SrqInitAttr};
 
 use crate::endpoint::Endpoint;
-use crate::progress::{Wait, wait_until};
-use crate::shared::{Shared, State, Stats};
+use crate::shared::{RcRef, Shared, State, Stats};
+use crate::transport::RcTransport;
 use crate::xrc::Node;
 
 /// Most endpoints a context can hold (one mailbox slot each).
@@ -132,29 +131,13 @@ impl ContextBuilder {
     }
 }
 
-#[derive(Debug)]
-struct Handle {
-    shared: Arc<Shared>,
-    bg: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // Endpoints and messages may outlive the last context handle, and they still need
-        // the background thread (keepalives, answering and finishing closes, timers). It
-        // exits on its own, within a tick, once nothing but the context's own threads
-        // holds the context and every endpoint is gone (joining it here would make every
-        // drop wait for the tick).
-        self.shared.handle_gone.store(true, Ordering::Release);
-        drop(self.bg.lock().take());
-    }
-}
-
 /// An rdmx context: one per process (or per group of threads). Cheap to clone; endpoints
 /// keep what they need alive on their own.
 #[derive(Debug, Clone)]
 pub struct Context {
-    handle: Arc<Handle>,
+    /// Keeps the background thread (see `WorkerHandle`).
+    _handle: WorkerHandle,
+    rc: RcRef,
 }
 
 impl Context {
@@ -194,20 +177,21 @@ impl Context {
             }),
             (TransportKind::Rc, _) => None,
         };
-        let (vctx, pd) = match &node {
-            Some(n) => (n.inner.vctx.clone(), n.inner.pd.clone()),
-            None => {
-                let vctx = match options {
-                    Some(o) => Device::open_with(&cfg.device, o)?,
-                    None => Device::open(&cfg.device)?,
-                };
-                let pd = vctx.alloc_pd()?;
-                (vctx, pd)
-            }
+        let w = match &node {
+            Some(n) => Worker::over(
+                &cfg,
+                n.inner.vctx.clone(),
+                n.inner.pd.clone(),
+                &[cfg.recv_buf_size()],
+            )?,
+            None => Worker::open(&cfg, options, &[cfg.recv_buf_size()])?,
         };
+        let vctx = w.verbs_context().clone();
+        let pd = w.pd().clone();
+        let pool = w.pool().clone();
         let dev = vctx.query_device();
         let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);
-        let cq = vctx.create_cq(cqe, None)?;
+        let cq = vctx.create_cq(cqe, Some(w.channel()))?;
         let srq_attr = SrqInitAttr {
             max_wr: cfg.srq_depth,
             max_sge: 1,
@@ -221,14 +205,6 @@ impl Context {
             MAX_ENDPOINTS * MAILBOX_LEN,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?;
-        let pool = BufferPool::new(
-            &pd,
-            PoolConfig {
-                max_bytes: cfg.pool_max,
-                remote_read_min: cfg.rndv_threshold,
-                extra_class: Some(cfg.recv_buf_size()),
-            },
-        );
         let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
             .min(dev.max_inline_data.max(RTS_LEN as u32));
         let inline_max = cfg
@@ -252,80 +228,65 @@ impl Context {
             cfg.max_message = largest;
         }
         let port = vctx.query_port(1)?;
-        let state = State::new(&cfg);
         let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
         let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
-        let shared = Arc::new(Shared {
-            vctx,
-            pd,
-            cq,
-            srq,
-            mailbox,
-            pool,
-            regcache,
-            state: Mutex::new(state),
-            cond: Condvar::new(),
-            inline_max,
-            max_inline_data,
-            mtu_bytes: port.active_mtu.bytes() as u32,
-            ports: dev.phys_port_cnt,
-            node: node.map(|n| n.inner),
-            node_events: Mutex::new(std::collections::VecDeque::new()),
-            xrc_lock: Mutex::new(()),
-            handle_gone: AtomicBool::new(false),
-            batch_posts,
-            context_id: random_u64(),
-            start: Instant::now(),
-            last_app_poll: AtomicU64::new(0),
-            sleepers: std::sync::atomic::AtomicUsize::new(0),
-            spinners: std::sync::atomic::AtomicUsize::new(0),
-            spin_slots: 8 * std::thread::available_parallelism().map_or(1, usize::from),
-            #[cfg(feature = "tokio")]
-            notify: tokio::sync::Notify::new(),
-            stop: AtomicBool::new(false),
-            pack_cond: Condvar::new(),
-            leader_waits_any: AtomicBool::new(false),
-            bg_cond: Condvar::new(),
-            cfg,
-        });
-        {
-            let mut st = shared.state.lock();
-            shared.after(&mut st);
+        let mut made = None;
+        w.add_transport(|tid| {
+            let st = State::new(&cfg);
+            let shared = Arc::new(Shared {
+                vctx,
+                pd,
+                cq,
+                srq,
+                mailbox,
+                pool,
+                regcache,
+                tid,
+                inline_max,
+                max_inline_data,
+                mtu_bytes: port.active_mtu.bytes() as u32,
+                ports: dev.phys_port_cnt,
+                node: node.map(|n| n.inner),
+                node_events: Mutex::new(std::collections::VecDeque::new()),
+                xrc_lock: Mutex::new(()),
+                batch_posts,
+                context_id: random_u64(),
+                cfg,
+            });
+            made = Some(shared.clone());
+            Ok(RcTransport { sh: shared, st })
+        })?;
+        let shared = made.ok_or_else(|| Error::Config("the RC transport was not made".into()))?;
+        let rc = RcRef { w, sh: shared };
+        rc.with(|sh, st, cx| sh.after(st, cx));
+        if let Some(n) = &rc.sh.node {
+            n.contexts.lock().push(Arc::downgrade(&rc.sh));
         }
-        if let Some(n) = &shared.node {
-            n.contexts.lock().push(Arc::downgrade(&shared));
-        }
-        let bg_shared = shared.clone();
-        let bg = std::thread::Builder::new()
-            .name("rdmx-progress".into())
-            .spawn(move || crate::progress::background(&bg_shared))
-            .map_err(|e| Error::Config(format!("cannot start the progress thread: {e}")))?;
-        let flusher_shared = shared.clone();
-        std::thread::Builder::new()
-            .name("rdmx-packs".into())
-            .spawn(move || crate::progress::pack_flusher(&flusher_shared))
-            .map_err(|e| Error::Config(format!("cannot start the pack flusher: {e}")))?;
+        let handle = rc.w.start()?;
         Ok(Self {
-            handle: Arc::new(Handle {
-                shared,
-                bg: Mutex::new(Some(bg)),
-            }),
+            _handle: handle,
+            rc,
         })
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.handle.shared
+        &self.rc.sh
+    }
+
+    /// The transport and its worker.
+    pub(crate) fn rc(&self) -> &RcRef {
+        &self.rc
     }
 
     /// The effective configuration.
     pub fn config(&self) -> &Config {
-        &self.handle.shared.cfg
+        &self.rc.sh.cfg
     }
 
     /// The largest payload actually sent inline (the configured threshold, capped by the
     /// device).
     pub fn inline_max(&self) -> usize {
-        self.handle.shared.inline_max
+        self.rc.sh.inline_max
     }
 
     /// Starts accepting endpoints on `addr` (the TCP side channel).
@@ -367,8 +328,8 @@ impl Context {
     pub fn alloc(&self, len: usize) -> Result<Buf> {
         let sh = self.shared();
         wait_until(
-            sh,
-            Wait::CONTEXT,
+            &self.rc.w,
+            Wait::WORKER,
             Some(sh.cfg.connect_timeout),
             |_| match sh.pool.try_alloc(len) {
                 Err(Error::WouldBlock) => None,
@@ -380,7 +341,7 @@ impl Context {
     /// A buffer from the registered pool, or `WouldBlock` when the pool is at its cap.
     ///
     /// # Errors
-    /// As [`BufferPool::try_alloc`].
+    /// As [`BufferPool::try_alloc`](rdmx_core::BufferPool::try_alloc).
     pub fn try_alloc(&self, len: usize) -> Result<Buf> {
         self.shared().pool.try_alloc(len)
     }
@@ -401,43 +362,36 @@ impl Context {
     /// completions it handled. Blocking calls do this themselves; call it when only polling
     /// with `try_*` calls.
     pub fn progress(&self) -> usize {
-        let sh = self.shared();
-        let mut st = sh.state.lock();
-        sh.last_app_poll.store(sh.now_nanos(), Ordering::Relaxed);
-        let n = sh.progress(&mut st);
-        if n > 0 {
-            sh.wake_all();
-        }
-        n
+        self.rc.w.progress()
     }
 
     /// The next event (path migrations, disconnects), if any. The context keeps the latest
     /// [`MAX_EVENTS`](crate::MAX_EVENTS) for an application that does not ask; older ones
     /// are dropped and counted in [`Stats::events_dropped`].
     pub fn poll_event(&self) -> Option<Event> {
-        let sh = self.shared();
-        let mut st = sh.state.lock();
-        sh.progress(&mut st);
-        st.events.pop_front()
+        let w = &self.rc.w;
+        let mut ws = w.lock();
+        w.progress_locked(&mut ws);
+        ws.pop_event()
     }
 
     /// Waits up to `timeout` for the next event.
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
-        let sh = self.shared();
-        wait_until(sh, Wait::CONTEXT, Some(timeout), |st| {
-            st.events.pop_front().map(Ok)
+        wait_until(&self.rc.w, Wait::WORKER, Some(timeout), |ws| {
+            ws.pop_event().map(Ok)
         })
         .ok()
     }
 
     /// Counters of the message layer.
     pub fn stats(&self) -> Stats {
-        let st = self.shared().state.lock();
-        Stats {
+        let mut ws = self.rc.w.lock();
+        let events_dropped = ws.events_dropped();
+        self.rc.on(&mut ws, |_, st, _| Stats {
             recv_held: st.held,
-            events_dropped: st.events.dropped,
+            events_dropped,
             ..st.stats
-        }
+        })
     }
 
     /// Counters of the buffer pool.
@@ -452,24 +406,25 @@ impl Context {
 
     /// Number of endpoints in the table (including ones that are down but not yet dropped).
     pub fn endpoint_count(&self) -> usize {
-        self.shared().state.lock().eps.len()
+        self.rc.with(|_, st, _| st.eps.len())
     }
 
     /// Queue pairs this context created for its endpoints: one per endpoint with RC, one
     /// initiator per remote node with XRC (the node's target queue pairs are counted by
     /// [`Node::target_qps`]).
     pub fn queue_pairs(&self) -> usize {
-        let st = self.shared().state.lock();
-        if self.shared().node.is_some() {
-            st.initiators.len()
-        } else {
-            st.eps.len()
-        }
+        self.rc.with(|sh, st, _| {
+            if sh.node.is_some() {
+                st.initiators.len()
+            } else {
+                st.eps.len()
+            }
+        })
     }
 
     /// Receive buffers posted on the shared receive queue now.
     pub fn posted_receives(&self) -> u64 {
-        self.shared().state.lock().budget.posted
+        self.rc.with(|_, st, _| st.budget.posted)
     }
 
     /// The verbs context underneath (for device queries).
@@ -489,52 +444,7 @@ impl Context {
     /// progress, which sends what is held). Do not keep a batch open while blocked on
     /// something else: held messages wait with it.
     pub fn batch(&self) -> Batch<'_> {
-        let sh: &Shared = self.shared();
-        OPEN_BATCHES.with(|b| b.borrow_mut().push(std::ptr::from_ref(sh) as usize));
-        Batch {
-            sh,
-            _posts: sh.vctx.batch_posts(),
-            _not_send: std::marker::PhantomData,
-        }
-    }
-}
-
-thread_local! {
-    /// The contexts (by address) with a send batch open on this thread, innermost last.
-    static OPEN_BATCHES: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// True when the calling thread has a send batch open on the context of `sh`.
-pub(crate) fn batch_open(sh: &Shared) -> bool {
-    let me = std::ptr::from_ref(sh) as usize;
-    OPEN_BATCHES.with(|b| b.borrow().contains(&me))
-}
-
-/// An open send batch ([`Context::batch`]); dropping it sends what it held.
-#[derive(Debug)]
-#[must_use = "the batch ends when the guard is dropped"]
-pub struct Batch<'a> {
-    sh: &'a Shared,
-    // Dropped after `drop` below has posted the packed frames, so that they leave with
-    // the rest of the batch.
-    _posts: rdmx_verbs::PostBatch<'a>,
-    // The open batch is recorded per thread.
-    _not_send: std::marker::PhantomData<*const ()>,
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        let me = std::ptr::from_ref(self.sh) as usize;
-        OPEN_BATCHES.with(|b| {
-            let mut b = b.borrow_mut();
-            if let Some(i) = b.iter().rposition(|&x| x == me) {
-                b.remove(i);
-            }
-        });
-        let mut st = self.sh.state.lock();
-        if !st.packs.is_empty() {
-            self.sh.flush_packs(&mut st);
-        }
+        self.rc.w.batch()
     }
 }
 

@@ -3,18 +3,19 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::ops::{Deref, Range};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
 
+use rdmx_core::Message;
+use rdmx_core::worker::wait_until;
+
 use crate::context::Context;
 use crate::ep::{Inbound, OpSource, Status};
-use crate::progress::{Wait, wait_until};
 use crate::send::Payload;
-use crate::shared::{Shared, State};
+use crate::shared::{RcRef, Shared, State};
 
 /// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
 /// access to regions the peer registered. `Send + Sync`; several threads may use it.
@@ -22,7 +23,7 @@ use crate::shared::{Shared, State};
 /// Dropping it closes the endpoint in the background (messages already sent are still
 /// delivered); [`close`](Self::close) does the same and waits for the peer.
 pub struct Endpoint {
-    pub(crate) sh: Arc<Shared>,
+    pub(crate) rc: RcRef,
     pub(crate) key: usize,
     id: u64,
     peer: SocketAddr,
@@ -37,184 +38,9 @@ impl fmt::Debug for Endpoint {
     }
 }
 
-/// A received message: a pooled buffer (the payload is what it dereferences to). Eager
-/// messages occupy a receive buffer, and the small messages of a packed frame share the
-/// frame's: it goes back to the shared receive queue when the message (for a frame, its
-/// last message) is dropped — keep messages briefly, or copy them out
-/// ([`into_buf`](Self::into_buf)). Rendezvous messages own a pool buffer.
-pub struct Message {
-    /// `None` once given away (`into_buf`) or released (drop).
-    payload: Option<Body>,
-    endpoint: u64,
-    sh: Arc<Shared>,
-}
-
-/// Where a received message's bytes are.
-pub(crate) enum Body {
-    /// An eager message in its receive buffer, from the offset on (the buffer goes back to
-    /// the shared receive queue on drop).
-    Recv(Buf, usize),
-    /// A rendezvous message, read into a pool buffer of its own.
-    Rndv(Buf),
-    /// One entry of a packed frame: a view of the frame's receive buffer, which goes back
-    /// to the shared receive queue when its last message is dropped.
-    Packed(Arc<Buf>, Range<usize>),
-}
-
-impl fmt::Debug for Message {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Message")
-            .field("endpoint", &self.endpoint)
-            .field("len", &self.len())
-            .finish()
-    }
-}
-
-impl Deref for Message {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match &self.payload {
-            Some(Body::Recv(b, off)) => b.get(*off..).unwrap_or_default(),
-            Some(Body::Rndv(b)) => b,
-            Some(Body::Packed(frame, range)) => frame.get(range.clone()).unwrap_or_default(),
-            None => &[],
-        }
-    }
-}
-
-impl Message {
-    pub(crate) fn new(payload: Body, endpoint: u64, sh: Arc<Shared>) -> Self {
-        Self {
-            payload: Some(payload),
-            endpoint,
-            sh,
-        }
-    }
-
-    /// The endpoint it came from (its [`Endpoint::id`]).
-    pub fn endpoint(&self) -> u64 {
-        self.endpoint
-    }
-
-    /// True for a message that arrived by rendezvous (it owns a pool buffer of its own).
-    pub fn is_rendezvous(&self) -> bool {
-        matches!(self.payload, Some(Body::Rndv(_)))
-    }
-
-    /// The payload as an owned buffer. For a rendezvous message this is the buffer itself
-    /// (no copy); an eager or packed message is copied, so that its receive buffer can go
-    /// back at once.
-    ///
-    /// Holding a message holds its receive buffer (for a packed message, the whole frame
-    /// it came in), and the receive queue refills only while the application holds less
-    /// than a queue's worth: an application that keeps messages for long should keep them
-    /// as `into_buf` copies.
-    ///
-    /// When the pool has no room for the copy, the receive buffer itself is handed over,
-    /// the payload moved to its front (for a packed message, once no other message of its
-    /// frame is alive): it then no longer counts as held, and the receive queue gets a new
-    /// buffer once the pool has room.
-    ///
-    /// # Errors
-    /// With the message handed back (nothing is lost): the pool has no room for the copy
-    /// of a packed message whose frame other live messages share (`WouldBlock`), or
-    /// allocating failed otherwise.
-    pub fn into_buf(mut self) -> std::result::Result<Buf, Box<IntoBufError>> {
-        if let Some(Body::Rndv(b)) = self.payload.take_if(|p| matches!(p, Body::Rndv(_))) {
-            return Ok(b);
-        }
-        match self.sh.pool.try_alloc_from(&self[..]) {
-            Ok(b) => return Ok(b),
-            Err(Error::WouldBlock) => {}
-            Err(error) => {
-                return Err(Box::new(IntoBufError {
-                    error,
-                    message: self,
-                }));
-            }
-        }
-        let len = self.len();
-        let (mut buf, off) = match self.payload.take() {
-            Some(Body::Recv(buf, off)) => (buf, off),
-            Some(Body::Packed(frame, range)) => match Arc::try_unwrap(frame) {
-                Ok(buf) => (buf, range.start),
-                Err(frame) => {
-                    self.payload = Some(Body::Packed(frame, range));
-                    return Err(Box::new(IntoBufError {
-                        error: Error::WouldBlock,
-                        message: self,
-                    }));
-                }
-            },
-            other => {
-                self.payload = other;
-                return Err(Box::new(IntoBufError {
-                    error: Error::WouldBlock,
-                    message: self,
-                }));
-            }
-        };
-        buf.copy_within(off..off + len, 0);
-        // (Cannot fail: `len` is within the buffer.)
-        let _ = buf.set_len(len);
-        let mut st = self.sh.state.lock();
-        st.held = st.held.saturating_sub(1);
-        self.sh.after(&mut st);
-        Ok(buf)
-    }
-}
-
-/// [`Message::into_buf`] failed: why, and the message, handed back untouched. The box
-/// converts into [`Error`] (dropping the message) for use with `?`.
-#[derive(Debug)]
-pub struct IntoBufError {
-    /// Why.
-    pub error: Error,
-    /// The message, still valid.
-    pub message: Message,
-}
-
-impl fmt::Display for IntoBufError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no buffer for the message: {}", self.error)
-    }
-}
-
-impl std::error::Error for IntoBufError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl From<Box<IntoBufError>> for Error {
-    fn from(e: Box<IntoBufError>) -> Self {
-        e.error
-    }
-}
-
-impl Drop for Message {
-    fn drop(&mut self) {
-        let buf = match self.payload.take() {
-            None | Some(Body::Rndv(_)) => return,
-            Some(Body::Recv(buf, _)) => buf,
-            // Not the frame's last reference: nothing to give back, no lock to take.
-            Some(Body::Packed(frame, _)) => match Arc::into_inner(frame) {
-                Some(buf) => buf,
-                None => return,
-            },
-        };
-        let mut st = self.sh.state.lock();
-        self.sh.recycle(&mut st, buf);
-        self.sh.after(&mut st);
-        drop(st);
-        self.sh.wake_all();
-    }
-}
-
 impl Endpoint {
-    pub(crate) fn new(sh: Arc<Shared>, key: usize, id: u64, peer: SocketAddr) -> Self {
-        Self { sh, key, id, peer }
+    pub(crate) fn new(rc: RcRef, key: usize, id: u64, peer: SocketAddr) -> Self {
+        Self { rc, key, id, peer }
     }
 
     /// The peer's address on the bootstrap side channel: the address we connected to, or,
@@ -231,64 +57,60 @@ impl Endpoint {
 
     /// True while messages can be sent and received.
     pub fn is_connected(&self) -> bool {
-        self.sh
-            .state
-            .lock()
-            .eps
-            .get(self.key)
-            .is_some_and(|e| e.status == Status::Open)
+        self.rc.with(|_, st, _| {
+            st.eps
+                .get(self.key)
+                .is_some_and(|e| e.status == Status::Open)
+        })
     }
 
     /// Why the endpoint is down, if it is. Once `recv` has reported the peer's orderly
     /// close (every message before it taken), this says `PeerClosed` too, even while our
     /// answering Close is still on its way.
     pub fn disconnect_cause(&self) -> Option<DisconnectCause> {
-        let st = self.sh.state.lock();
-        let ep = st.eps.get(self.key)?;
-        ep.down_cause().or_else(|| {
-            matches!(ep.inbox.front(), Some(Inbound::Closed)).then_some(DisconnectCause::PeerClosed)
+        self.rc.with(|_, st, _| {
+            let ep = st.eps.get(self.key)?;
+            ep.down_cause().or_else(|| {
+                matches!(ep.inbox.front(), Some(Inbound::Closed))
+                    .then_some(DisconnectCause::PeerClosed)
+            })
         })
     }
 
     // ------------------------------------------------------------------ sending
 
-    fn send_payload(
-        &self,
-        mut p: Payload<'_>,
-        timeout: Option<Duration>,
-        block: bool,
-    ) -> Result<()> {
-        let sh = &*self.sh;
-        {
-            let mut st = sh.state.lock();
-            let first = sh.try_send(&mut st, self.key, p)?;
-            if first.is_some() {
-                st.stats.credit_waits += 1;
+    fn send_payload(&self, p: Payload<'_>, timeout: Option<Duration>, block: bool) -> Result<()> {
+        let first = self.rc.with(|sh, st, cx| -> Result<Option<Payload<'_>>> {
+            let Some(back) = sh.try_send(st, cx, self.key, p)? else {
+                return Ok(None);
+            };
+            st.stats.credit_waits += 1;
+            if block {
+                return Ok(Some(back));
             }
-            match first {
-                None => return Ok(()),
-                Some(back) if !block => {
-                    sh.progress(&mut st);
-                    // Progress may have brought a credit.
-                    return match sh.try_send(&mut st, self.key, back)? {
-                        None => Ok(()),
-                        Some(_) => Err(Error::WouldBlock),
-                    };
-                }
-                Some(back) => p = back,
+            sh.progress(st, cx);
+            // Progress may have brought a credit.
+            match sh.try_send(st, cx, self.key, back)? {
+                None => Ok(None),
+                Some(_) => Err(Error::WouldBlock),
             }
-        }
+        })?;
+        let Some(p) = first else {
+            return Ok(());
+        };
         let mut slot = Some(p);
-        wait_until(sh, Wait::endpoint(self.key), timeout, |st| {
-            let p = slot.take()?;
-            match sh.try_send(st, self.key, p) {
-                Ok(None) => Some(Ok(())),
-                Ok(Some(back)) => {
-                    slot = Some(back);
-                    None
+        wait_until(&self.rc.w, self.rc.wait_endpoint(self.key), timeout, |ws| {
+            self.rc.on(ws, |sh, st, cx| {
+                let p = slot.take()?;
+                match sh.try_send(st, cx, self.key, p) {
+                    Ok(None) => Some(Ok(())),
+                    Ok(Some(back)) => {
+                        slot = Some(back);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
                 }
-                Err(e) => Some(Err(e)),
-            }
+            })
         })
     }
 
@@ -344,19 +166,19 @@ impl Endpoint {
     /// # Errors
     /// As `send` (the buffer is dropped then).
     pub fn try_send_buf(&self, buf: Buf) -> Result<Option<Buf>> {
-        let sh = &*self.sh;
-        let mut st = sh.state.lock();
-        let back = match sh.try_send(&mut st, self.key, Payload::Buf(buf))? {
-            None => return Ok(None),
-            Some(p) => {
-                st.stats.credit_waits += 1;
-                sh.progress(&mut st);
-                sh.try_send(&mut st, self.key, p)?
-            }
-        };
-        Ok(match back {
-            Some(Payload::Buf(b)) => Some(b),
-            _ => None,
+        self.rc.with(|sh, st, cx| {
+            let back = match sh.try_send(st, cx, self.key, Payload::Buf(buf))? {
+                None => return Ok(None),
+                Some(p) => {
+                    st.stats.credit_waits += 1;
+                    sh.progress(st, cx);
+                    sh.try_send(st, cx, self.key, p)?
+                }
+            };
+            Ok(match back {
+                Some(Payload::Buf(b)) => Some(b),
+                _ => None,
+            })
         })
     }
 
@@ -401,8 +223,13 @@ impl Endpoint {
 
     // ------------------------------------------------------------------ receiving
 
-    pub(crate) fn take_message(&self, st: &mut State) -> Option<Result<Message>> {
-        if let Some(m) = self.sh.pop_message(st, self.key) {
+    pub(crate) fn take_message(
+        &self,
+        sh: &Shared,
+        st: &mut State,
+        cx: &mut Cx<'_>,
+    ) -> Option<Result<Message>> {
+        if let Some(m) = sh.pop_message(st, cx, self.key) {
             return Some(Ok(m));
         }
         let Some(ep) = st.eps.get(self.key) else {
@@ -425,8 +252,8 @@ impl Endpoint {
     /// `Disconnected` once the peer closed (after every message it sent was received) or
     /// the endpoint failed.
     pub fn recv(&self) -> Result<Message> {
-        wait_until(&self.sh, Wait::message(self.key), None, |st| {
-            self.take_message(st)
+        wait_until(&self.rc.w, self.rc.wait_message(self.key), None, |ws| {
+            self.rc.on(ws, |sh, st, cx| self.take_message(sh, st, cx))
         })
     }
 
@@ -435,9 +262,12 @@ impl Endpoint {
     /// # Errors
     /// As `recv`, plus `Timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        wait_until(&self.sh, Wait::message(self.key), Some(timeout), |st| {
-            self.take_message(st)
-        })
+        wait_until(
+            &self.rc.w,
+            self.rc.wait_message(self.key),
+            Some(timeout),
+            |ws| self.rc.on(ws, |sh, st, cx| self.take_message(sh, st, cx)),
+        )
     }
 
     /// The next message if one is there now.
@@ -445,12 +275,14 @@ impl Endpoint {
     /// # Errors
     /// `WouldBlock` when nothing has arrived, else as `recv`.
     pub fn try_recv(&self) -> Result<Message> {
-        let mut st = self.sh.state.lock();
-        if let Some(r) = self.take_message(&mut st) {
-            return r;
-        }
-        self.sh.progress(&mut st);
-        self.take_message(&mut st).unwrap_or(Err(Error::WouldBlock))
+        self.rc.with(|sh, st, cx| {
+            if let Some(r) = self.take_message(sh, st, cx) {
+                return r;
+            }
+            sh.progress(st, cx);
+            self.take_message(sh, st, cx)
+                .unwrap_or(Err(Error::WouldBlock))
+        })
     }
 
     // ------------------------------------------------------------------ closing
@@ -465,9 +297,8 @@ impl Endpoint {
     /// by an orderly close (a dead peer, say: nothing could be drained). Closing an endpoint
     /// that is already closed in order succeeds.
     pub fn close(&self) -> Result<()> {
-        let timeout = self.sh.cfg.peer_timeout;
-        {
-            let mut st = self.sh.state.lock();
+        let timeout = self.rc.sh.cfg.peer_timeout;
+        self.rc.with(|sh, st, cx| {
             if let Some(ep) = st.eps.get_mut(self.key) {
                 if ep.status == Status::Open {
                     ep.status = Status::Closing;
@@ -476,23 +307,25 @@ impl Endpoint {
                 ep.close_deadline.get_or_insert(Instant::now() + timeout);
             }
             st.reap_pending = true;
-            self.sh.after(&mut st);
-        }
+            sh.after(st, cx);
+        });
         let r = wait_until(
-            &self.sh,
-            Wait::message(self.key),
+            &self.rc.w,
+            self.rc.wait_message(self.key),
             Some(timeout),
-            |st| match st.eps.get(self.key) {
-                None => Some(Ok(())),
-                Some(ep) => ep.down_cause().map(|c| match c {
-                    DisconnectCause::PeerClosed | DisconnectCause::LocalClose => Ok(()),
-                    other => Err(Error::Disconnected(other)),
-                }),
+            |ws| {
+                self.rc.on(ws, |_, st, _| match st.eps.get(self.key) {
+                    None => Some(Ok(())),
+                    Some(ep) => ep.down_cause().map(|c| match c {
+                        DisconnectCause::PeerClosed | DisconnectCause::LocalClose => Ok(()),
+                        other => Err(Error::Disconnected(other)),
+                    }),
+                })
             },
         );
         if matches!(r, Err(Error::Timeout(_))) {
-            let mut st = self.sh.state.lock();
-            self.sh.fail(&mut st, self.key, DisconnectCause::LocalClose);
+            self.rc
+                .with(|sh, st, cx| sh.fail(st, cx, self.key, DisconnectCause::LocalClose));
         }
         r
     }
@@ -500,31 +333,32 @@ impl Endpoint {
     // ------------------------------------------------------------------ one-sided
 
     fn one_sided(&self, op: WrOpcode, local: OpSource) -> Result<Option<Buf>> {
-        let sh = &*self.sh;
         let mut local = Some(local);
         let mut seq = None;
-        wait_until(sh, Wait::endpoint(self.key), None, |st| {
-            if seq.is_none() {
-                let l = local.take()?;
-                match sh.post_op(st, self.key, op, l) {
-                    Ok(Ok(s)) => seq = Some(s),
-                    Ok(Err(back)) => {
-                        local = Some(back);
-                        return None;
+        wait_until(&self.rc.w, self.rc.wait_endpoint(self.key), None, |ws| {
+            self.rc.on(ws, |sh, st, _| {
+                if seq.is_none() {
+                    let l = local.take()?;
+                    match sh.post_op(st, self.key, op, l) {
+                        Ok(Ok(s)) => seq = Some(s),
+                        Ok(Err(back)) => {
+                            local = Some(back);
+                            return None;
+                        }
+                        Err(e) => return Some(Err(e)),
                     }
-                    Err(e) => return Some(Err(e)),
                 }
-            }
-            let s = seq?;
-            let ep = st.eps.get_mut(self.key)?;
-            let i = ep.ops_done.iter().position(|r| r.seq == s)?;
-            let r = ep.ops_done.swap_remove(i);
-            Some(if r.status == WcStatus::Success {
-                Ok(r.buf)
-            } else {
-                Err(Error::Disconnected(DisconnectCause::TransportError(
-                    format!("one-sided operation failed: {:?}", r.status),
-                )))
+                let s = seq?;
+                let ep = st.eps.get_mut(self.key)?;
+                let i = ep.ops_done.iter().position(|r| r.seq == s)?;
+                let r = ep.ops_done.swap_remove(i);
+                Some(if r.status == WcStatus::Success {
+                    Ok(r.buf)
+                } else {
+                    Err(Error::Disconnected(DisconnectCause::TransportError(
+                        format!("one-sided operation failed: {:?}", r.status),
+                    )))
+                })
             })
         })
     }
@@ -546,7 +380,7 @@ impl Endpoint {
     /// endpoint is down then, as with verbs).
     pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
         let addr = Self::target(remote, offset, data.len() as u64)?;
-        let mut buf = self.sh.pool.try_alloc(data.len().max(1))?;
+        let mut buf = self.rc.sh.pool.try_alloc(data.len().max(1))?;
         buf.set_len(data.len())?;
         buf.copy_from_slice(data);
         self.one_sided(
@@ -577,7 +411,7 @@ impl Endpoint {
             return self.write(remote, offset, &[]);
         }
         let addr = Self::target(remote, offset, data.len() as u64)?;
-        let reg = self.sh.regcache.register(&data)?;
+        let reg = self.rc.sh.regcache.register(&data)?;
         self.one_sided(
             WrOpcode::RdmaWrite {
                 remote_addr: addr,
@@ -594,7 +428,7 @@ impl Endpoint {
     /// As [`write`](Self::write).
     pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
         let addr = Self::target(remote, offset, len as u64)?;
-        let mut buf = self.sh.pool.try_alloc(len.max(1))?;
+        let mut buf = self.rc.sh.pool.try_alloc(len.max(1))?;
         buf.set_len(len)?;
         let out = self.one_sided(
             WrOpcode::RdmaRead {
@@ -607,7 +441,7 @@ impl Endpoint {
     }
 
     fn atomic(&self, op: WrOpcode) -> Result<u64> {
-        let mut buf = self.sh.pool.try_alloc(8)?;
+        let mut buf = self.rc.sh.pool.try_alloc(8)?;
         buf.fill(0);
         let out = self
             .one_sided(op, OpSource::Buf(buf))?
@@ -664,18 +498,19 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        let mut st = self.sh.state.lock();
-        let timeout = self.sh.cfg.peer_timeout;
-        if let Some(ep) = st.eps.get_mut(self.key) {
-            ep.detached = true;
-            if ep.status == Status::Open {
-                ep.status = Status::Closing;
-                ep.closed_here = true;
+        let timeout = self.rc.sh.cfg.peer_timeout;
+        self.rc.with(|sh, st, cx| {
+            if let Some(ep) = st.eps.get_mut(self.key) {
+                ep.detached = true;
+                if ep.status == Status::Open {
+                    ep.status = Status::Closing;
+                    ep.closed_here = true;
+                }
+                ep.close_deadline.get_or_insert(Instant::now() + timeout);
             }
-            ep.close_deadline.get_or_insert(Instant::now() + timeout);
-        }
-        st.reap_pending = true;
-        self.sh.after(&mut st);
+            st.reap_pending = true;
+            sh.after(st, cx);
+        });
     }
 }
 

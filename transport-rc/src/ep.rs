@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::header::{Mailbox, RtsInfo};
+use rdmx_core::worker::WaitSlot;
 use rdmx_core::{Buf, DisconnectCause};
 use rdmx_verbs::{QueuePair, WcStatus};
 
@@ -155,17 +156,10 @@ pub(crate) struct Ep {
     pub(crate) send: SendWindow,
     pub(crate) recv: RecvWindow,
     pub(crate) in_needy: bool,
-    /// Threads sleeping until something happens on this endpoint (see
-    /// `progress::wait_until`), and what wakes them: completions and state changes of this
-    /// endpoint notify only them, not every thread waiting on the context.
-    pub(crate) cond: Arc<parking_lot::Condvar>,
-    pub(crate) sleepers: u32,
-    /// Bumped by everything that happens on this endpoint (`Shared::stir`): a thread waiting
-    /// on it spins again for its busy-poll time after each change, since more is likely on
-    /// the way (a rendezvous read posted, a peer that just read our message).
-    pub(crate) activity: u32,
-    /// Queued in the context's ready queue (see `inbox.rs`).
-    pub(crate) in_ready: bool,
+    /// What threads blocked on this endpoint sleep on, and what has happened on it (see
+    /// `rdmx_core::worker::wait_until`): completions and state changes of this endpoint
+    /// wake only them, not every thread waiting on the context.
+    pub(crate) wait: WaitSlot,
     /// Closed in order with messages still queued: the `Disconnected` event waits for the
     /// last of them to be taken.
     pub(crate) close_event_due: bool,

@@ -22,31 +22,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdmx_core::worker::Cx;
 use rdmx_core::{DisconnectCause, Error, Event, Result};
 
+use rdmx_core::Message;
+use rdmx_core::worker::{Body, Wait, wait_until};
+
 use crate::context::Context;
-use crate::endpoint::{Body, Message};
 use crate::ep::Inbound;
-use crate::progress::{Wait, wait_until};
 use crate::shared::{Shared, State};
 use rdmx_core::header::PackedEntries;
-
-impl State {
-    /// Queues endpoint `k` for [`Context::recv`] (unless it is queued already).
-    pub(crate) fn mark_ready(&mut self, k: usize) {
-        if let Some(ep) = self.eps.get_mut(k)
-            && !ep.in_ready
-        {
-            ep.in_ready = true;
-            self.ready.push_back(k);
-        }
-    }
-}
 
 impl Shared {
     /// Takes the message at the front of endpoint `k`'s inbox if it is deliverable (not a
     /// rendezvous message still being read, not the end-of-stream marker).
-    pub(crate) fn pop_message(self: &Arc<Self>, st: &mut State, k: usize) -> Option<Message> {
+    pub(crate) fn pop_message(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) -> Option<Message> {
         let ep = st.eps.get_mut(k)?;
         if let Some(Inbound::Packed { frame, off, end }) = ep.inbox.front_mut() {
             // The next message of a packed frame: a view of the frame, no copy. The frame's
@@ -59,7 +49,7 @@ impl Shared {
             {
                 self.release_frame(st, frame);
             }
-            return Some(self.delivered(st, k, Body::Packed(view, entry)));
+            return Some(self.delivered(st, cx, k, Body::Shared(view, entry)));
         }
         let payload = match ep.inbox.pop_front()? {
             Inbound::Msg { buf, off } => Body::Recv(buf, off),
@@ -67,58 +57,35 @@ impl Shared {
                 dest: Some(buf),
                 done: true,
                 ..
-            } => Body::Rndv(buf),
+            } => Body::Owned(buf),
             other => {
                 ep.inbox.push_front(other);
                 return None;
             }
         };
-        Some(self.delivered(st, k, payload))
+        Some(self.delivered(st, cx, k, payload))
     }
 
     /// Counts a message taken from endpoint `k`'s inbox and wraps it for the application.
-    fn delivered(self: &Arc<Self>, st: &mut State, k: usize, payload: Body) -> Message {
+    fn delivered(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, payload: Body) -> Message {
         let ep = &mut st.eps[k];
         ep.delivered += 1;
         let id = ep.id;
         if ep.close_event_due && !ep.has_pending_messages() {
             ep.close_event_due = false;
             let cause = ep.down_cause().unwrap_or(DisconnectCause::PeerClosed);
-            st.events.push(Event::Disconnected {
+            cx.push_event(Event::Disconnected {
                 endpoint: id,
                 cause,
             });
         }
         st.stats.delivered += 1;
-        if matches!(payload, Body::Rndv(_)) {
+        if matches!(payload, Body::Owned(_)) {
             // A rendezvous message: its slot in the credit window opens again.
             ep.rndv_queued = ep.rndv_queued.saturating_sub(1);
             self.mark_needy(st, k);
         }
-        Message::new(payload, id, self.clone())
-    }
-
-    /// The next message of any endpoint whose handle is alive, taking endpoints in turn.
-    pub(crate) fn take_any(self: &Arc<Self>, st: &mut State) -> Option<Message> {
-        // Every key is looked at once at most: those with nothing ready leave the queue.
-        for _ in 0..st.ready.len() {
-            let k = st.ready.pop_front()?;
-            let Some(ep) = st.eps.get_mut(k) else {
-                continue;
-            };
-            ep.in_ready = false;
-            if ep.detached {
-                continue;
-            }
-            let Some(msg) = self.pop_message(st, k) else {
-                continue;
-            };
-            if st.eps.get(k).is_some_and(|e| e.has_message()) {
-                st.mark_ready(k);
-            }
-            return Some(msg);
-        }
-        None
+        cx.message(payload, id)
     }
 }
 
@@ -143,8 +110,8 @@ impl Context {
     /// receive calls; [`recv_timeout`](Self::recv_timeout) and
     /// [`try_recv`](Self::try_recv) do return errors.)
     pub fn recv(&self) -> Result<Message> {
-        let sh = self.shared();
-        wait_until(sh, Wait::ANY_MESSAGE, None, |st| sh.take_any(st).map(Ok))
+        let w = &self.rc().w;
+        wait_until(w, Wait::ANY_MESSAGE, None, |ws| w.take_any(ws).map(Ok))
     }
 
     /// [`recv`](Self::recv) giving up after `timeout`.
@@ -152,9 +119,9 @@ impl Context {
     /// # Errors
     /// `Timeout` when no endpoint had a message in time.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        let sh = self.shared();
-        wait_until(sh, Wait::ANY_MESSAGE, Some(timeout), |st| {
-            sh.take_any(st).map(Ok)
+        let w = &self.rc().w;
+        wait_until(w, Wait::ANY_MESSAGE, Some(timeout), |ws| {
+            w.take_any(ws).map(Ok)
         })
     }
 
@@ -164,14 +131,14 @@ impl Context {
     /// # Errors
     /// `WouldBlock` when no endpoint has a message.
     pub fn try_recv(&self) -> Result<Message> {
-        let sh = self.shared();
-        let mut st = sh.state.lock();
-        if let Some(m) = sh.take_any(&mut st) {
+        let w = &self.rc().w;
+        let mut ws = w.lock();
+        if let Some(m) = w.take_any(&mut ws) {
             return Ok(m);
         }
-        if sh.progress(&mut st) > 0 {
-            sh.wake_all();
+        if w.progress_locked(&mut ws) > 0 {
+            w.wake_all();
         }
-        sh.take_any(&mut st).ok_or(Error::WouldBlock)
+        w.take_any(&mut ws).ok_or(Error::WouldBlock)
     }
 }

@@ -32,8 +32,6 @@
 
 mod accept;
 #[cfg(feature = "tokio")]
-mod async_timer;
-#[cfg(feature = "tokio")]
 mod asyncio;
 mod conn;
 mod context;
@@ -41,18 +39,19 @@ mod endpoint;
 mod ep;
 mod grants;
 mod inbox;
-mod progress;
 mod recall;
 mod rndv;
 mod send;
 mod shared;
 mod teardown;
+mod transport;
 mod xrc;
 
-pub use context::{Batch, Context, ContextBuilder, Listener, MAX_ENDPOINTS};
-pub use endpoint::{Endpoint, IntoBufError, LocalRegion, Message, RemoteRegion};
+pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
+pub use endpoint::{Endpoint, LocalRegion, RemoteRegion};
+pub use rdmx_core::worker::{Batch, IntoBufError, MAX_EVENTS, Message};
 pub use rdmx_verbs::SharedBytes;
-pub use shared::{MAX_EVENTS, Stats};
+pub use shared::Stats;
 pub use xrc::Node;
 
 /// The handles applications pass between threads stay `Send + Sync` (a compile-time check:

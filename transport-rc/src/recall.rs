@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_core::DisconnectCause;
 use rdmx_core::header::{RECALL_OFF, Recall, Signal};
+use rdmx_core::worker::Cx;
 use rdmx_verbs::{Rkey, WrOpcode};
 
 use crate::ep::{Hold, Status};
@@ -147,7 +148,14 @@ fn apply_returned(sh: &Shared, st: &mut State, k: usize, theirs: Recall) -> u64 
 /// waits to be sent on it (`idle_sender` false), give back what it asks for, signalling
 /// when we can. (The peer asked because none of our messages arrived for
 /// [`PRESSURE_IDLE`].)
-fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bool) {
+fn answer(
+    sh: &Shared,
+    st: &mut State,
+    cx: &mut Cx<'_>,
+    k: usize,
+    theirs: Recall,
+    idle_sender: bool,
+) {
     let Some(ep) = st.eps.get_mut(k) else {
         return;
     };
@@ -157,7 +165,7 @@ fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bo
     ep.recall.requested_seen = theirs.recall;
     // The credits we hold include grants written into our mailbox and not read yet (it is
     // read when we run out): read it, or those could never be given back.
-    sh.read_mailbox(st, k);
+    sh.read_mailbox(st, cx, k);
     let Some(ep) = st.eps.get_mut(k) else {
         return;
     };
@@ -187,7 +195,7 @@ fn answer(sh: &Shared, st: &mut State, k: usize, theirs: Recall, idle_sender: bo
 ///
 /// The donor keeps one credit if it has more (its next message still goes at once), and
 /// gives its last one otherwise. Only one donor per starving episode: `k` needs one credit.
-pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
+pub(crate) fn lend_idle(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize) {
     let Some(peer) = st.eps.get(k).map(|ep| ep.peer_context) else {
         return;
     };
@@ -202,7 +210,7 @@ pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
     // if there is one (an endpoint with unread messages is likely to reply soon), and
     // then the one holding the most.
     for &j in &candidates {
-        sh.read_mailbox(st, j);
+        sh.read_mailbox(st, cx, j);
     }
     let donor = candidates
         .into_iter()
@@ -229,7 +237,7 @@ pub(crate) fn lend_idle(sh: &Shared, st: &mut State, k: usize) {
 /// A recall signal arrived on endpoint `k`: act on the peer's word now. `returned`: the
 /// peer gave credits back ([`Signal::RecallReturned`]); otherwise it asked for some
 /// ([`Signal::RecallRequest`]).
-pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
+pub(crate) fn on_signal(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, returned: bool) {
     // The peer's side of a connection opens first: it may ask before ours knows where its
     // mailbox is (an answer then went to address 0 and took the endpoint down with a remote
     // access error). Its word stays in our mailbox; the scans answer it once we are open.
@@ -244,7 +252,7 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
         return;
     };
     if theirs.is_gone() {
-        sh.fail(st, k, DisconnectCause::PeerAborted);
+        sh.fail(st, cx, k, DisconnectCause::PeerAborted);
         return;
     }
     if returned {
@@ -252,11 +260,11 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, k: usize, returned: bool) {
         // The peer may have given these back (at least the credit the signal used) for
         // another of its endpoints that starves (see [`lend_idle`]): look at the flags now,
         // so that it is first in line.
-        tick(sh, st, Instant::now());
-        sh.wake_all();
+        tick(sh, st, cx, Instant::now());
+        cx.wake_all();
     } else {
         let idle_sender = st.eps.get(k).is_some_and(|ep| !ep.waits_to_send());
-        answer(sh, st, k, theirs, idle_sender);
+        answer(sh, st, cx, k, theirs, idle_sender);
     }
 }
 
@@ -275,7 +283,7 @@ pub(crate) const PRESSURE_IDLE: Duration = Duration::from_millis(5);
 /// [`PRESSURE_SCAN`] and [`WATCH_SCAN`], and when a peer gives credits back): answer their
 /// requests, apply the credits they gave back, and take credits from idle peers for
 /// starving ones.
-pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
+pub(crate) fn tick(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
     let keys: Vec<usize> = st.eps.iter().map(|(k, _)| k).collect();
     let mut freed = 0u64;
     let mut starving = Vec::new();
@@ -321,10 +329,10 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
                 starving.push(k);
             }
         }
-        answer(sh, st, k, theirs, idle_sender);
+        answer(sh, st, cx, k, theirs, idle_sender);
     }
     for k in gone {
-        sh.fail(st, k, DisconnectCause::PeerAborted);
+        sh.fail(st, cx, k, DisconnectCause::PeerAborted);
     }
     for k in closing {
         sh.mark_needy(st, k);
@@ -350,11 +358,11 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
     };
     st.recall_watch = watch;
     if !starving.is_empty() {
-        feed_starving(sh, st, &keys, &starving, now, &mut freed);
+        feed_starving(sh, st, cx, &keys, &starving, now, &mut freed);
     }
     if freed > 0 {
-        sh.after(st);
-        sh.wake_all();
+        sh.after(st, cx);
+        cx.wake_all();
     }
 }
 
@@ -363,6 +371,7 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, now: Instant) {
 fn feed_starving(
     sh: &Shared,
     st: &mut State,
+    cx: &mut Cx<'_>,
     keys: &[usize],
     starving: &[usize],
     now: Instant,
@@ -380,7 +389,7 @@ fn feed_starving(
             ep.in_needy = true;
         }
     }
-    sh.after(st);
+    sh.after(st, cx);
     let waiting = starving
         .iter()
         .filter(|&&k| st.eps.get(k).is_some_and(|e| e.recv.outstanding() == 0))

@@ -4,15 +4,16 @@
 
 use rdmx_core::DisconnectCause;
 use rdmx_core::header::Mailbox;
+use rdmx_core::worker::Cx;
 use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
 
 use crate::ep::{Hold, Inbound, Status, wrid};
 use crate::shared::{Shared, State};
 
 impl Shared {
-    pub(crate) fn on_read(&self, st: &mut State, c: &WorkCompletion) {
+    pub(crate) fn on_read(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
         let k = wrid::key(c.wr_id);
-        self.touch(st, k);
+        Self::touch(st, cx, k);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if ep.qpn != c.qp_num.0 {
             return;
@@ -51,8 +52,10 @@ impl Shared {
             if !st.dirty.contains(&k) {
                 st.dirty.push(k);
             }
-            if at.is_some() {
-                st.mark_ready(k);
+            if at.is_some()
+                && let Some(ep) = st.eps.get_mut(k)
+            {
+                cx.mark_ready(&mut ep.wait);
             }
         } else {
             if !gap.is_empty() {
@@ -67,7 +70,7 @@ impl Shared {
                     ),
                     s => DisconnectCause::TransportError(format!("rendezvous read: {s:?}")),
                 };
-                self.fail_qp(st, c.qp_num.0, cause);
+                self.fail_qp(st, cx, c.qp_num.0, cause);
             }
         }
     }
@@ -121,7 +124,7 @@ impl Shared {
     }
 
     /// Reads the mailbox slot of one endpoint and applies it.
-    pub(crate) fn read_mailbox(&self, st: &mut State, k: usize) {
+    pub(crate) fn read_mailbox(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
         let Some(ep) = st.eps.get(k) else { return };
         let mut b = [0u8; 8];
         if self.mailbox.read(ep.mailbox_off, &mut b).is_err() {
@@ -129,16 +132,16 @@ impl Shared {
         }
         let m = Mailbox::from_word(u64::from_be_bytes(b));
         if m != ep.mailbox_seen {
-            self.touch(st, k);
+            Self::touch(st, cx, k);
             st.eps[k].mailbox_seen = m;
             self.apply_peer_counters(st, k, m);
         }
     }
 
-    pub(crate) fn check_mailboxes(&self, st: &mut State) {
+    pub(crate) fn check_mailboxes(&self, st: &mut State, cx: &mut Cx<'_>) {
         let watch = std::mem::take(&mut st.rndv_watch);
         for &k in &watch {
-            self.read_mailbox(st, k);
+            self.read_mailbox(st, cx, k);
         }
         for k in watch {
             if st.eps.get(k).is_some_and(|e| !e.rndv_out.is_empty()) && !st.rndv_watch.contains(&k)
@@ -149,7 +152,7 @@ impl Shared {
     }
 
     /// Allocates destinations for waiting rendezvous requests and posts their reads, in order.
-    pub(crate) fn post_deferred_reads(&self, st: &mut State) {
+    pub(crate) fn post_deferred_reads(&self, st: &mut State, cx: &mut Cx<'_>) {
         if st.rndv_wait.is_empty() {
             return;
         }
@@ -235,7 +238,7 @@ impl Shared {
                 "a {n}-byte rendezvous message exceeds the {} bytes advertised",
                 self.cfg.max_message
             ));
-            self.fail(st, k, cause);
+            self.fail(st, cx, k, cause);
         }
     }
 }

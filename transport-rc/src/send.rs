@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use rdmx_core::header::{
     HEADER_LEN, Header, Kind, PACKED_ENTRY_LEN, PackedEntries, RTS_LEN, RtsInfo,
 };
+use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
 
@@ -67,6 +68,7 @@ impl Shared {
     pub(crate) fn try_send<'a>(
         &self,
         st: &mut State,
+        cx: &mut Cx<'_>,
         k: usize,
         payload: Payload<'a>,
     ) -> Result<Option<Payload<'a>>> {
@@ -91,8 +93,8 @@ impl Shared {
         }
         // Inside a send batch, small messages share packed frames.
         if len <= self.inline_max
-            && crate::context::batch_open(self)
-            && self.pack(st, k, payload.bytes())?
+            && cx.worker().batch_open()
+            && self.pack(st, cx, k, payload.bytes())?
         {
             return Ok(None);
         }
@@ -103,7 +105,7 @@ impl Shared {
         if !st.eps.contains(k) {
             return Err(Error::Disconnected(DisconnectCause::LocalClose));
         }
-        if !self.has_credit(st, k) {
+        if !self.has_credit(st, cx, k) {
             let ep = &mut st.eps[k];
             // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
             // without one, tell the peer (once) that we wait (see `recall.rs`).
@@ -118,7 +120,7 @@ impl Shared {
             if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
                 ep.recall.starving = true;
                 crate::recall::write_recall(st, k);
-                crate::recall::lend_idle(self, st, k);
+                crate::recall::lend_idle(self, st, cx, k);
             }
             return Ok(Some(payload));
         }
@@ -194,7 +196,7 @@ impl Shared {
         // to signal the next read done, which wakes us if we then wait.
         let window = self.cfg.rndv_window as usize;
         if ep.rndv_out.len() >= window {
-            self.read_mailbox(st, k);
+            self.read_mailbox(st, cx, k);
             if st.eps[k].rndv_out.len() >= window {
                 return Ok(Some(payload));
             }
@@ -266,7 +268,7 @@ impl Shared {
     /// Adds a small message to endpoint `k`'s packed frame, opening one (with a credit of
     /// its own) if needed. False when that is not possible now (no credit, send slot or
     /// pool buffer): the message then takes the ordinary path, after any open frame.
-    fn pack(&self, st: &mut State, k: usize, data: &[u8]) -> Result<bool> {
+    fn pack(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, data: &[u8]) -> Result<bool> {
         let Some(ep) = st.eps.get_mut(k) else {
             return Ok(false);
         };
@@ -291,7 +293,7 @@ impl Shared {
         };
         if PACKED_ENTRY_LEN + data.len() > cap
             || ep.sq_used() + 2 >= ep.sq_depth
-            || !self.has_credit(st, k)
+            || !self.has_credit(st, cx, k)
         {
             return Ok(false);
         }
@@ -310,17 +312,18 @@ impl Shared {
         Self::not_starving(st, k);
         if st.pack_due.is_none() {
             // However the batch is used, the frame goes within PACK_HOLD.
-            st.pack_due = Some(Instant::now() + PACK_HOLD);
-            self.pack_cond.notify_one();
+            let due = Instant::now() + PACK_HOLD;
+            st.pack_due = Some(due);
+            cx.schedule(due);
         }
         Ok(true)
     }
 
     /// True when endpoint `k` holds a credit for its peer, after reading its mailbox if it
     /// seemed to hold none (grants written there raise no completion).
-    fn has_credit(&self, st: &mut State, k: usize) -> bool {
+    fn has_credit(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) -> bool {
         if st.eps.get(k).is_some_and(|ep| ep.send.available() == 0) {
-            self.read_mailbox(st, k);
+            self.read_mailbox(st, cx, k);
         }
         st.eps.get(k).is_some_and(|ep| ep.send.available() > 0)
     }

@@ -14,15 +14,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use rdmx_core::credit::Budget;
 use rdmx_core::header::{HEADER_LEN, Header, Kind, Mailbox, PackedEntries, RtsInfo, Signal};
 use rdmx_core::pool::BufferPool;
 use rdmx_core::regcache::RegCache;
-use rdmx_core::{Buf, Config, DisconnectCause, Event};
+use rdmx_core::worker::{Cx, TransportId, Wait, Worker, WorkerState};
+use rdmx_core::{Buf, Config, DisconnectCause};
 use rdmx_verbs::{
     CompletionQueue, MemoryRegion, ProtectionDomain, SharedReceiveQueue, WcOpcode, WcStatus,
     WorkCompletion,
@@ -73,43 +73,13 @@ pub struct Stats {
     /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
     /// being full), which wake the sender at once.
     pub read_done_signals: u64,
-    /// Events dropped because the application let [`MAX_EVENTS`] pile up without calling
+    /// Events dropped because the application let [`MAX_EVENTS`](crate::MAX_EVENTS) pile up without calling
     /// `Context::poll_event` (the oldest go first).
     pub events_dropped: u64,
     /// Now, not a count: receive buffers held by messages the application has not dropped
     /// yet or that wait in inboxes (eager messages, and packed frames with a message
     /// alive). While it is a receive queue's worth or more, the queue does not refill.
     pub recv_held: u64,
-}
-
-/// The most events a context keeps for `Context::poll_event`: an application that never
-/// asks for them (many do not need them) must not grow memory with every endpoint that
-/// ever went down. Beyond this, the oldest are dropped and counted
-/// ([`Stats::events_dropped`]).
-pub const MAX_EVENTS: usize = 4096;
-
-/// The events waiting for `Context::poll_event`, at most [`MAX_EVENTS`].
-#[derive(Debug, Default)]
-pub(crate) struct EventQueue {
-    queue: VecDeque<Event>,
-    /// Dropped for lack of room (the oldest go first).
-    pub(crate) dropped: u64,
-}
-
-impl EventQueue {
-    /// Queues an event, dropping the oldest beyond [`MAX_EVENTS`].
-    pub(crate) fn push(&mut self, ev: Event) {
-        if self.queue.len() >= MAX_EVENTS {
-            self.queue.pop_front();
-            self.dropped += 1;
-        }
-        self.queue.push_back(ev);
-    }
-
-    /// The oldest event.
-    pub(crate) fn pop_front(&mut self) -> Option<Event> {
-        self.queue.pop_front()
-    }
 }
 
 /// All mutable state of a context.
@@ -140,15 +110,10 @@ pub(crate) struct State {
     /// When the starving flags were last looked at (by the background thread, or by an
     /// application thread in `after`).
     pub(crate) recall_scanned_at: Option<Instant>,
-    /// A thread sleeping in `wait_until` has taken the turn to wake for the scans of the
-    /// starving flags while every buffer is promised (one at a time, not every sleeper).
-    pub(crate) watcher_asleep: bool,
     /// Receive completions so far, and their number at the last watch scan: a context that
     /// received nothing since keeps backing its watch off.
     pub(crate) recv_seen: u64,
     pub(crate) recv_at_watch: u64,
-    /// Endpoints with a deliverable message, for `Context::recv` (see `inbox.rs`).
-    pub(crate) ready: VecDeque<usize>,
     /// Endpoints with a mailbox update to write.
     pub(crate) dirty: Vec<usize>,
     /// Endpoints with rendezvous buffers out (their mailbox is watched).
@@ -160,30 +125,14 @@ pub(crate) struct State {
     /// When the pack flusher posts the open packed frames: set when a frame opens and none
     /// is due yet.
     pub(crate) pack_due: Option<Instant>,
-    pub(crate) events: EventQueue,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
     /// Some endpoint is closing, or down with its handle gone: `reap` has work.
     pub(crate) reap_pending: bool,
     /// XRC: this context's initiator towards each remote node.
     pub(crate) initiators: HashMap<u64, crate::xrc::Initiator>,
-    /// Bumped with every endpoint's activity (see `Shared::stir`), for waits on the
-    /// context as a whole.
-    pub(crate) activity: u32,
-    /// A thread blocked in `wait_until` sleeps on the completion channel in the background
-    /// thread's place (see `progress.rs`, "The leader").
-    pub(crate) leader: bool,
-    /// While the leader sleeps: the endpoint it waits for (`None`: the context). What wakes
-    /// that endpoint's (or the context's) sleepers interrupts the leader's sleep too.
-    pub(crate) leader_asleep: Option<Option<usize>>,
-    /// The background thread sleeps on the completion channel (a new leader moves it off).
-    pub(crate) bg_on_channel: bool,
-    /// When the leader last went to sleep on the channel, or left it (see
-    /// `progress::background_sleep`).
-    pub(crate) leader_slept_at: Option<Instant>,
-    /// The background thread sleeps until its tick while a leader sleeps: a leader whose
-    /// wait ends wakes it.
-    pub(crate) bg_sleeps_long: bool,
+    /// When the background tick next runs keepalives (see `transport.rs`).
+    pub(crate) next_keepalive: Instant,
     wc: Vec<WorkCompletion>,
 }
 
@@ -202,26 +151,18 @@ impl State {
             recall_watch: false,
             recall_watch_every: crate::recall::WATCH_SCAN,
             recall_scanned_at: None,
-            watcher_asleep: false,
             recv_seen: 0,
             recv_at_watch: 0,
-            ready: VecDeque::new(),
             dirty: Vec::new(),
             rndv_watch: Vec::new(),
             rndv_wait: Vec::new(),
             packs: Vec::new(),
             pack_due: None,
-            events: EventQueue::default(),
             next_id: 1,
             stats: Stats::default(),
             reap_pending: false,
             initiators: HashMap::new(),
-            activity: 0,
-            leader: false,
-            leader_asleep: None,
-            bg_on_channel: false,
-            leader_slept_at: None,
-            bg_sleeps_long: false,
+            next_keepalive: Instant::now(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }
@@ -239,8 +180,8 @@ pub(crate) struct Shared {
     pub(crate) pool: BufferPool,
     /// Registrations of application bytes sent zero-copy (`send_shared`).
     pub(crate) regcache: RegCache,
-    pub(crate) state: Mutex<State>,
-    pub(crate) cond: Condvar,
+    /// This transport's number in its worker.
+    pub(crate) tid: TransportId,
     /// Post receive buffers in batches rather than one by one: set when posting is a round
     /// trip to another process (an XRC SRQ of a node whose domain another process hosts).
     pub(crate) batch_posts: bool,
@@ -257,81 +198,65 @@ pub(crate) struct Shared {
     pub(crate) node_events: Mutex<VecDeque<rdmx_verbs::AsyncEvent>>,
     /// XRC: one connection exchange at a time per context (they share initiators).
     pub(crate) xrc_lock: Mutex<()>,
-    /// The last context handle was dropped (the background thread then ends once nothing
-    /// else holds the context).
-    pub(crate) handle_gone: AtomicBool,
     pub(crate) context_id: u64,
-    pub(crate) start: Instant,
-    /// Nanoseconds since `start` of the last progress call by an application thread.
-    pub(crate) last_app_poll: AtomicU64,
-    /// Application threads (or futures) asleep waiting for progress (the background thread
-    /// sleeps on the completion channel while there are any, and wakes them).
-    pub(crate) sleepers: std::sync::atomic::AtomicUsize,
-    /// Application threads busy-polling now, and how many may (eight per CPU): see
-    /// `progress::SpinSlot`.
-    pub(crate) spinners: std::sync::atomic::AtomicUsize,
-    pub(crate) spin_slots: usize,
-    /// Wakes pending futures (feature `tokio`).
-    #[cfg(feature = "tokio")]
-    pub(crate) notify: tokio::sync::Notify,
-    /// Mirrors `State::leader_asleep` being `Some(None)`, for [`wake_all`](Self::wake_all),
-    /// which runs without the state.
-    pub(crate) leader_waits_any: AtomicBool,
-    /// The background thread sleeps here while a leader sleeps on the completion channel.
-    pub(crate) bg_cond: Condvar,
-    pub(crate) stop: AtomicBool,
-    /// Wakes the pack flusher (see `pack_flusher` in `progress.rs`).
-    pub(crate) pack_cond: Condvar,
+}
+
+/// An RC transport as its handles (context, endpoints, listener) reach it: the worker it
+/// lives in, and its shared resources. (The worker holds the transport's mutable state, and
+/// the transport holds the shared resources: the resources do not hold the worker.)
+#[derive(Debug, Clone)]
+pub(crate) struct RcRef {
+    pub(crate) w: Worker,
+    pub(crate) sh: Arc<Shared>,
+}
+
+impl RcRef {
+    /// Runs `f` on the transport under the worker's lock.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Shared, &mut State, &mut Cx<'_>) -> R) -> R {
+        let mut ws = self.w.lock();
+        self.on(&mut ws, f)
+    }
+
+    /// Runs `f` on the transport, the worker's lock held (`ws`).
+    pub(crate) fn on<R>(
+        &self,
+        ws: &mut WorkerState,
+        f: impl FnOnce(&Shared, &mut State, &mut Cx<'_>) -> R,
+    ) -> R {
+        // The RC transport was added at `tid` when the context was made, and transports
+        // are never removed (they go with the worker, which this handle keeps alive).
+        let (t, core) = ws
+            .transport::<crate::transport::RcTransport>(self.sh.tid)
+            .expect("the RC transport of a context is in its worker");
+        let mut cx = core.cx(&self.w, self.sh.tid);
+        f(&self.sh, &mut t.st, &mut cx)
+    }
+
+    /// A wait for a message (or the end) on endpoint `k`.
+    pub(crate) fn wait_message(&self, k: usize) -> Wait {
+        Wait::message(self.sh.tid, k)
+    }
+
+    /// A wait for something else of endpoint `k` (credits, send slots, operations).
+    pub(crate) fn wait_endpoint(&self, k: usize) -> Wait {
+        Wait::endpoint(self.sh.tid, k)
+    }
 }
 
 impl Shared {
-    /// Wakes every waiter: threads asleep in `wait_until` and pending futures.
-    pub(crate) fn wake_all(&self) {
-        self.cond.notify_all();
-        #[cfg(feature = "tokio")]
-        self.notify.notify_waiters();
-        if self
-            .leader_waits_any
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            self.cq.channel().interrupt();
+    /// Something happened on endpoint `k` (a message, a completion, credits, a state
+    /// change): its waiters spin on, and its sleepers wake ([`Cx::touch`]).
+    pub(crate) fn touch(st: &mut State, cx: &mut Cx<'_>, k: usize) {
+        if let Some(ep) = st.eps.get_mut(k) {
+            cx.touch(&mut ep.wait);
         }
     }
 
-    /// Wakes the threads sleeping on endpoint `k` (something happened there: a message, a
-    /// completion, credits, a state change). Threads waiting on the context as a whole are
-    /// woken by [`wake_all`](Self::wake_all).
-    pub(crate) fn touch(&self, st: &mut State, k: usize) {
-        Self::stir(st, k);
-        self.wake_sleepers(st, k);
-    }
-
-    /// Wakes the threads sleeping on endpoint `k`, the leader among them (see `progress.rs`).
-    pub(crate) fn wake_sleepers(&self, st: &State, k: usize) {
-        if let Some(ep) = st.eps.get(k)
-            && ep.sleepers > 0
-        {
-            ep.cond.notify_all();
+    /// Records activity on endpoint `k` without waking its sleepers ([`Cx::stir`]).
+    pub(crate) fn stir(st: &mut State, cx: &mut Cx<'_>, k: usize) {
+        if let Some(ep) = st.eps.get_mut(k) {
+            cx.stir(&mut ep.wait);
         }
-        self.nudge_leader(st, k);
-    }
-
-    /// Interrupts the leader's sleep if it waits for endpoint `k` (see `progress.rs`).
-    pub(crate) fn nudge_leader(&self, st: &State, k: usize) {
-        if st.leader_asleep == Some(Some(k)) {
-            self.cq.channel().interrupt();
-        }
-    }
-
-    /// Records activity on endpoint `k` without waking its sleepers: threads spinning on it
-    /// (or on the context) spin on for their busy-poll time (see `progress::wait_until`).
-    /// For what makes nothing deliverable yet but announces more to come, such as a
-    /// rendezvous request whose read is now posted.
-    pub(crate) fn stir(st: &mut State, k: usize) -> Option<&Ep> {
-        st.activity = st.activity.wrapping_add(1);
-        let ep = st.eps.get_mut(k)?;
-        ep.activity = ep.activity.wrapping_add(1);
-        Some(ep)
     }
 
     /// The background thread's tick (keepalives, credit recall).
@@ -339,22 +264,18 @@ impl Shared {
         (self.cfg.peer_timeout / 4).min(Duration::from_millis(100))
     }
 
-    pub(crate) fn now_nanos(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
     // ----------------------------------------------------------------- progress
 
     /// Polls the completion queue dry (bounded), routes completions, then does the
     /// follow-up work: refill the shared receive queue, hand out credits, write mailboxes,
     /// post deferred rendezvous reads. Returns the number of completions handled.
-    pub(crate) fn progress(&self, st: &mut State) -> usize {
+    pub(crate) fn progress(&self, st: &mut State, cx: &mut Cx<'_>) -> usize {
         let mut total = 0;
         for _ in 0..8 {
             let mut wc = std::mem::take(&mut st.wc);
             let n = self.cq.poll(&mut wc);
             for c in &wc[..n] {
-                self.on_completion(st, c);
+                self.on_completion(st, cx, c);
             }
             st.wc = wc;
             total += n;
@@ -362,13 +283,13 @@ impl Shared {
                 break;
             }
         }
-        self.check_mailboxes(st);
-        self.after(st);
+        self.check_mailboxes(st, cx);
+        self.after(st, cx);
         total
     }
 
     /// Follow-up work after state changed.
-    pub(crate) fn after(&self, st: &mut State) {
+    pub(crate) fn after(&self, st: &mut State, cx: &mut Cx<'_>) {
         // Whoever makes progress (a thread that waits or polls, the background thread)
         // sends the packed frames still open: they wait for no more than that.
         if !st.packs.is_empty() {
@@ -393,7 +314,7 @@ impl Shared {
                 .is_none_or(|t| now.duration_since(t) >= every)
             {
                 st.recall_scanned_at = Some(now);
-                crate::recall::tick(self, st, now);
+                crate::recall::tick(self, st, cx, now);
             }
         }
         if self.batch_posts {
@@ -403,25 +324,25 @@ impl Shared {
         }
         self.refill(st);
         self.distribute(st);
-        self.post_deferred_reads(st);
+        self.post_deferred_reads(st, cx);
         self.flush_mailboxes(st);
         if st.reap_pending {
-            self.reap(st);
+            self.reap(st, cx);
         }
     }
 
-    fn on_completion(&self, st: &mut State, c: &WorkCompletion) {
+    fn on_completion(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
         match wrid::kind(c.wr_id) {
-            wrid::RECV => self.on_recv(st, c),
-            wrid::SEND => self.on_send(st, c),
-            wrid::READ => self.on_read(st, c),
+            wrid::RECV => self.on_recv(st, cx, c),
+            wrid::SEND => self.on_send(st, cx, c),
+            wrid::READ => self.on_read(st, cx, c),
             _ => {}
         }
     }
 
     /// An RDMA WRITE with immediate: a [`Signal`] (the only use rdmx makes of them). It
     /// used a credit and a receive buffer, which goes back to the queue untouched.
-    fn on_signal(&self, st: &mut State, c: &WorkCompletion, buf: Buf) {
+    fn on_signal(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion, buf: Buf) {
         let qpn = c.qp_num.0;
         let routed = c.imm().and_then(Signal::from_imm).and_then(|(sig, tag)| {
             let k = usize::from(tag);
@@ -437,6 +358,7 @@ impl Shared {
             if let Some(&k) = st.by_qpn.get(&qpn) {
                 self.fail(
                     st,
+                    cx,
                     k,
                     DisconnectCause::Protocol("unexpected RDMA WRITE with immediate".into()),
                 );
@@ -444,13 +366,14 @@ impl Shared {
             self.repost(st, buf);
             return;
         };
-        self.touch(st, k);
+        Self::touch(st, cx, k);
         let credited = Self::take_credit(st, k);
         self.repost(st, buf);
         if !credited {
             st.stats.protocol_errors += 1;
             self.fail(
                 st,
+                cx,
                 k,
                 DisconnectCause::Protocol("signal without a credit".into()),
             );
@@ -459,9 +382,9 @@ impl Shared {
         self.mark_needy(st, k);
         match sig {
             // The mailbox word landed before the completion.
-            Signal::ReadDone => self.read_mailbox(st, k),
-            Signal::RecallReturned => crate::recall::on_signal(self, st, k, true),
-            Signal::RecallRequest => crate::recall::on_signal(self, st, k, false),
+            Signal::ReadDone => self.read_mailbox(st, cx, k),
+            Signal::RecallReturned => crate::recall::on_signal(self, st, cx, k, true),
+            Signal::RecallRequest => crate::recall::on_signal(self, st, cx, k, false),
         }
     }
 
@@ -475,7 +398,7 @@ impl Shared {
         ok
     }
 
-    fn on_recv(&self, st: &mut State, c: &WorkCompletion) {
+    fn on_recv(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
         let slot = wrid::key(c.wr_id);
         let Some(mut buf) = st.recv_slots.try_remove(slot) else {
             return;
@@ -484,7 +407,7 @@ impl Shared {
         st.recv_seen += 1;
         let qpn = c.qp_num.0;
         if c.status == WcStatus::Success && c.opcode == WcOpcode::RecvRdmaWithImm {
-            self.on_signal(st, c, buf);
+            self.on_signal(st, cx, c, buf);
             return;
         }
         // Route by the header's tag (XRC needs it: one target queue pair carries the messages
@@ -527,7 +450,7 @@ impl Shared {
                     _ => None,
                 };
                 if let (Some(k), Some(cause)) = (key, cause) {
-                    self.fail(st, k, cause);
+                    self.fail(st, cx, k, cause);
                 }
                 self.repost(st, buf);
                 return;
@@ -539,9 +462,9 @@ impl Shared {
         // wake here for nothing, then again for the read). Senders it gives credits to are
         // woken below.
         if hdr.kind == Kind::Rts {
-            Self::stir(st, k);
+            Self::stir(st, cx, k);
         } else {
-            self.touch(st, k);
+            Self::touch(st, cx, k);
         }
         // The peer used one of our credits.
         let credited = {
@@ -554,6 +477,7 @@ impl Shared {
             st.stats.protocol_errors += 1;
             self.fail(
                 st,
+                cx,
                 k,
                 DisconnectCause::Protocol("message without a credit".into()),
             );
@@ -570,7 +494,7 @@ impl Shared {
             },
         );
         if freed && hdr.kind == Kind::Rts {
-            self.touch(st, k);
+            Self::touch(st, cx, k);
         }
         match hdr.kind {
             Kind::Data => {
@@ -579,7 +503,9 @@ impl Shared {
                     buf,
                     off: HEADER_LEN,
                 });
-                st.mark_ready(k);
+                if let Some(ep) = st.eps.get_mut(k) {
+                    cx.mark_ready(&mut ep.wait);
+                }
             }
             Kind::Packed => {
                 let end = HEADER_LEN + hdr.len as usize;
@@ -588,6 +514,7 @@ impl Shared {
                     st.stats.protocol_errors += 1;
                     self.fail(
                         st,
+                        cx,
                         k,
                         DisconnectCause::Protocol("malformed packed frame".into()),
                     );
@@ -601,7 +528,9 @@ impl Shared {
                     off: HEADER_LEN,
                     end,
                 });
-                st.mark_ready(k);
+                if let Some(ep) = st.eps.get_mut(k) {
+                    cx.mark_ready(&mut ep.wait);
+                }
             }
             Kind::Rts => {
                 let rts = RtsInfo::parse(&buf);
@@ -611,6 +540,7 @@ impl Shared {
                     st.stats.protocol_errors += 1;
                     self.fail(
                         st,
+                        cx,
                         k,
                         DisconnectCause::Protocol(format!(
                             "rendezvous message of {} bytes exceeds max_message",
@@ -651,9 +581,9 @@ impl Shared {
         }
     }
 
-    fn on_send(&self, st: &mut State, c: &WorkCompletion) {
+    fn on_send(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
         let k = wrid::key(c.wr_id);
-        self.touch(st, k);
+        Self::touch(st, cx, k);
         let seq = wrid::seq(c.wr_id);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if ep.qpn != c.qp_num.0 {
@@ -702,7 +632,7 @@ impl Shared {
                 s => DisconnectCause::TransportError(format!("{s:?}")),
             };
             if c.status != WcStatus::WrFlushErr || ep.is_open() {
-                self.fail_qp(st, c.qp_num.0, cause);
+                self.fail_qp(st, cx, c.qp_num.0, cause);
             }
         }
     }
@@ -710,7 +640,13 @@ impl Shared {
     /// A queue pair broke: every endpoint sending on it goes down (one for RC; all the
     /// endpoints behind an XRC initiator), and a broken initiator is forgotten so the next
     /// connection to that node makes a new one.
-    pub(crate) fn fail_qp(&self, st: &mut State, qpn: u32, cause: DisconnectCause) {
+    pub(crate) fn fail_qp(
+        &self,
+        st: &mut State,
+        cx: &mut Cx<'_>,
+        qpn: u32,
+        cause: DisconnectCause,
+    ) {
         let keys: Vec<usize> = st
             .eps
             .iter()
@@ -725,7 +661,7 @@ impl Shared {
             .collect();
         st.initiators.retain(|_, i| i.qp.qp_num().0 != qpn);
         for k in keys {
-            self.fail(st, k, cause.clone());
+            self.fail(st, cx, k, cause.clone());
         }
         for peer_node in broken {
             self.drop_targets_of(peer_node);
@@ -755,26 +691,5 @@ impl Shared {
                 "XRC initiator broke: its node's targets dropped"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_event_queue_keeps_the_newest_and_counts_the_rest() {
-        let mut q = EventQueue::default();
-        let n = MAX_EVENTS as u64 + 10;
-        for endpoint in 0..n {
-            q.push(Event::PathMigrated { endpoint });
-        }
-        assert_eq!(q.dropped, 10);
-        assert_eq!(q.pop_front(), Some(Event::PathMigrated { endpoint: 10 }));
-        let mut last = None;
-        while let Some(e) = q.pop_front() {
-            last = Some(e);
-        }
-        assert_eq!(last, Some(Event::PathMigrated { endpoint: n - 1 }));
     }
 }

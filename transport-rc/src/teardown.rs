@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rdmx_core::header::{Header, Kind, MAILBOX_LEN, RECALL_OFF, Recall};
+use rdmx_core::worker::Cx;
 use rdmx_core::{DisconnectCause, Event};
 use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
 
@@ -21,16 +22,14 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(250);
 impl Shared {
     /// Takes an endpoint down: its queue pair goes to the error state (flushing what is
     /// posted), the application is told.
-    pub(crate) fn fail(&self, st: &mut State, k: usize, cause: DisconnectCause) {
-        self.nudge_leader(st, k);
+    pub(crate) fn fail(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, cause: DisconnectCause) {
+        cx.nudge_leader(k);
         let Some(ep) = st.eps.get_mut(k) else { return };
         if matches!(ep.status, Status::Down(_)) {
             return;
         }
         tracing::debug!(endpoint = ep.id, %cause, "endpoint down");
-        if ep.sleepers > 0 {
-            ep.cond.notify_all();
-        }
+        cx.wake_sleepers(&ep.wait);
         // Over a shared XRC initiator the peer cannot notice (its keepalives keep getting
         // through, to the node's shared target): tell it, unless it is the one that went.
         // (An unreachable peer may only have been slow to close; if the initiator itself is
@@ -88,17 +87,17 @@ impl Shared {
         // Rendezvous buffers stay too (released with the queue pair); nobody needs to
         // watch for their release any more.
         st.rndv_watch.retain(|&x| x != k);
-        st.events.push(Event::Disconnected {
+        cx.push_event(Event::Disconnected {
             endpoint: ep.id,
             cause,
         });
         st.reap_pending = true;
-        self.wake_all();
+        cx.wake_all();
     }
 
     /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
     /// down and whose handle is gone.
-    pub(crate) fn reap(&self, st: &mut State) {
+    pub(crate) fn reap(&self, st: &mut State, cx: &mut Cx<'_>) {
         // A closing endpoint whose last send used its last credit needs the peer's next
         // grant for its Close, and grants written into the mailbox are only noticed when
         // read: nothing else reads it once the application stopped sending.
@@ -111,7 +110,7 @@ impl Shared {
             .map(|(k, _)| k)
             .collect();
         for k in starved {
-            self.read_mailbox(st, k);
+            self.read_mailbox(st, cx, k);
             // Still none, and everything sent was read: the peer may be holding its grants
             // back because its application has not taken our messages yet. Ask for the one
             // credit the Close needs (`Recall::closing`).
@@ -124,7 +123,6 @@ impl Shared {
             }
         }
         let mut remove = Vec::new();
-        let leader_on = st.leader_asleep.flatten();
         for (k, ep) in st.eps.iter_mut() {
             if ep.status == Status::Closing
                 && !ep.close_sent
@@ -164,19 +162,14 @@ impl Shared {
                     DisconnectCause::PeerClosed
                 };
                 ep.status = Status::Down(cause.clone());
-                if ep.sleepers > 0 {
-                    ep.cond.notify_all();
-                }
-                if leader_on == Some(k) {
-                    self.cq.channel().interrupt();
-                }
+                cx.wake_sleepers(&ep.wait);
                 // The event comes after the last message the peer sent before closing has
                 // been taken (see `inbox.rs`): an application that drops the endpoint on the
                 // event loses nothing.
                 if ep.has_pending_messages() {
                     ep.close_event_due = true;
                 } else {
-                    st.events.push(Event::Disconnected {
+                    cx.push_event(Event::Disconnected {
                         endpoint: ep.id,
                         cause,
                     });
@@ -190,7 +183,7 @@ impl Shared {
             }
         }
         for k in remove {
-            self.remove(st, k);
+            self.remove(st, cx, k);
         }
         // (A lingering endpoint is looked at again by the background tick, not by every
         // progress call.)
@@ -201,14 +194,11 @@ impl Shared {
     }
 
     /// Destroys an endpoint's queue pair and frees its credits and buffers.
-    pub(crate) fn remove(&self, st: &mut State, k: usize) {
-        self.nudge_leader(st, k);
+    pub(crate) fn remove(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
         let Some(ep) = st.eps.try_remove(k) else {
             return;
         };
-        if ep.sleepers > 0 {
-            ep.cond.notify_all();
-        }
+        cx.wake_sleepers(&ep.wait);
         if st.by_qpn.get(&ep.qpn) == Some(&k) {
             st.by_qpn.remove(&ep.qpn);
         }
@@ -224,7 +214,6 @@ impl Shared {
             st.close_wanted = st.close_wanted.saturating_sub(1);
         }
         st.needy.retain(|&x| x != k);
-        st.ready.retain(|&x| x != k);
         st.dirty.retain(|&x| x != k);
         st.rndv_watch.retain(|&x| x != k);
         st.rndv_wait.retain(|&x| x != k);

@@ -50,7 +50,7 @@ use rdmx_verbs::{
 };
 
 use crate::endpoint::Endpoint;
-use crate::shared::Shared;
+use crate::shared::{RcRef, Shared};
 
 /// One device with one XRC domain, shared by the XRC contexts built on it
 /// (`ContextBuilder::node`). Cheap to clone.
@@ -286,93 +286,97 @@ fn initiator_depth(sh: &Shared) -> u32 {
 /// The context's initiator towards `peer_node` (made, not yet connected, if there is none,
 /// from `fresh` when given): its queue pair, first PSN and whether it is connected.
 fn initiator_for(
-    sh: &Shared,
+    rc: &RcRef,
     peer_node: u64,
     fresh: Option<(Arc<QueuePair>, u32)>,
 ) -> Result<(Arc<QueuePair>, u32, bool)> {
-    let mut st = sh.state.lock();
-    if let Some(i) = st.initiators.get(&peer_node) {
-        return Ok((Arc::clone(&i.qp), i.psn, i.connected));
-    }
-    let (qp, psn) = match fresh {
-        Some(f) => f,
-        None => (
-            Arc::new(create_initiator(sh, initiator_depth(sh))?),
-            crate::conn::random_psn(),
-        ),
-    };
-    st.initiators.insert(
-        peer_node,
-        Initiator {
-            qp: Arc::clone(&qp),
-            psn,
-            connected: false,
-            target: 0,
-        },
-    );
-    Ok((qp, psn, false))
+    rc.with(|sh, st, _| {
+        if let Some(i) = st.initiators.get(&peer_node) {
+            return Ok((Arc::clone(&i.qp), i.psn, i.connected));
+        }
+        let (qp, psn) = match fresh {
+            Some(f) => f,
+            None => (
+                Arc::new(create_initiator(sh, initiator_depth(sh))?),
+                crate::conn::random_psn(),
+            ),
+        };
+        st.initiators.insert(
+            peer_node,
+            Initiator {
+                qp: Arc::clone(&qp),
+                psn,
+                connected: false,
+                target: 0,
+            },
+        );
+        Ok((qp, psn, false))
+    })
 }
 
 /// Connects the context's initiator towards `peer_node` to `target`, unless it already is.
-fn ensure_connected(sh: &Shared, peer_node: u64, target: u32, peer: &EndpointInfo) -> Result<()> {
-    let mut st = sh.state.lock();
-    let Some(ini) = st.initiators.get_mut(&peer_node) else {
-        return Err(Error::Protocol(
-            "the initiator went away while connecting".into(),
-        ));
-    };
-    if !ini.connected {
-        // The peer node's targets receive at its domain's host when that is another process.
-        let path = peer.xrc_target_path.as_ref().unwrap_or(&peer.primary);
-        connect_initiator(sh, ini, target, path, peer.mtu)?;
-        let alt = match &peer.xrc_target_path {
-            Some(_) => peer.xrc_target_alt.as_ref(),
-            None => peer.alternate.as_ref(),
+fn ensure_connected(rc: &RcRef, peer_node: u64, target: u32, peer: &EndpointInfo) -> Result<()> {
+    rc.with(|sh, st, _| {
+        let Some(ini) = st.initiators.get_mut(&peer_node) else {
+            return Err(Error::Protocol(
+                "the initiator went away while connecting".into(),
+            ));
         };
-        if sh.ports >= 2
-            && let Some(alt) = alt
-        {
-            crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
+        if !ini.connected {
+            // The peer node's targets receive at its domain's host when that is another process.
+            let path = peer.xrc_target_path.as_ref().unwrap_or(&peer.primary);
+            connect_initiator(sh, ini, target, path, peer.mtu)?;
+            let alt = match &peer.xrc_target_path {
+                Some(_) => peer.xrc_target_alt.as_ref(),
+                None => peer.alternate.as_ref(),
+            };
+            if sh.ports >= 2
+                && let Some(alt) = alt
+            {
+                crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
+            }
+            ini.connected = true;
+            ini.target = target;
         }
-        ini.connected = true;
-        ini.target = target;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// The target of `peer_node` this context's initiator already sends to, if connected.
-fn target_in_use(sh: &Shared, peer_node: u64) -> Option<u32> {
-    let st = sh.state.lock();
-    st.initiators
-        .get(&peer_node)
-        .filter(|i| i.connected)
-        .map(|i| i.target)
+fn target_in_use(rc: &RcRef, peer_node: u64) -> Option<u32> {
+    rc.with(|_, st, _| {
+        st.initiators
+            .get(&peer_node)
+            .filter(|i| i.connected)
+            .map(|i| i.target)
+    })
 }
 
 /// The last step of both sides: connect the shared initiator (if new) to the peer's
 /// target, point the endpoint at it and at our target, and complete it.
 fn finish(
-    sh: &Shared,
+    rc: &RcRef,
     key: usize,
     ini: Arc<QueuePair>,
     my_target: u32,
     their_target: u32,
     peer: &EndpointInfo,
 ) -> Result<()> {
-    ensure_connected(sh, peer.node_id, their_target, peer)?;
-    attach(sh, key, ini, my_target);
-    crate::conn::complete(sh, key, peer);
+    ensure_connected(rc, peer.node_id, their_target, peer)?;
+    attach(rc, key, ini, my_target);
+    crate::conn::complete(rc, key, peer);
     Ok(())
 }
 
 /// Points the endpoint at the shared initiator and this node's target for the peer.
-fn attach(sh: &Shared, key: usize, qp: Arc<QueuePair>, recv_qpn: u32) {
-    let mut st = sh.state.lock();
-    if let Some(ep) = st.eps.get_mut(key) {
-        ep.qpn = qp.qp_num().0;
-        ep.qp = qp;
-        ep.recv_qpn = recv_qpn;
-    }
+fn attach(rc: &RcRef, key: usize, qp: Arc<QueuePair>, recv_qpn: u32) {
+    rc.with(|_, st, _| {
+        if let Some(ep) = st.eps.get_mut(key) {
+            ep.qpn = qp.qp_num().0;
+            ep.qp = qp;
+            ep.recv_qpn = recv_qpn;
+        }
+    });
 }
 
 fn node(sh: &Shared) -> Result<Arc<NodeInner>> {
@@ -396,39 +400,40 @@ pub(crate) fn exchange_lock(sh: &Shared, deadline: Instant) -> Result<MutexGuard
 /// The connecting side of an XRC endpoint (steps 1 to 4 of the module docs), under the
 /// exchange lock (taken before the TCP connection was made).
 pub(crate) fn connect(
-    sh: &Arc<Shared>,
+    rc: &RcRef,
     _one_at_a_time: MutexGuard<'_, ()>,
     mut stream: TcpStream,
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<Endpoint> {
+    let sh = &*rc.sh;
     let node = node(sh)?;
     // A new initiator, used only if this context has none towards the peer's node yet
     // (which is known from the Accept).
     let fresh = Arc::new(create_initiator(sh, initiator_depth(sh))?);
     let fresh_psn = crate::conn::random_psn();
-    let (key, id, info) = crate::conn::register(sh, Arc::clone(&fresh), fresh_psn)?;
+    let (key, id, info) = crate::conn::register(rc, Arc::clone(&fresh), fresh_psn)?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info.clone()), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
         crate::conn::check_peer(sh, &peer)?;
-        let (ini, ini_psn, _) = initiator_for(sh, peer.node_id, Some((fresh, fresh_psn)))?;
+        let (ini, ini_psn, _) = initiator_for(rc, peer.node_id, Some((fresh, fresh_psn)))?;
         let my_target = target_for(sh, &node, &peer)?;
         let second = EndpointInfo {
             qpn: ini.qp_num().0,
             psn: ini_psn,
             xrc_target: Some(my_target),
-            xrc_in_use: target_in_use(sh, peer.node_id),
+            xrc_in_use: target_in_use(rc, peer.node_id),
             ..info
         };
         // The peer may send as soon as it has our target: route what arrives through it
         // to this endpoint before telling it.
-        attach(sh, key, Arc::clone(&ini), my_target);
+        attach(rc, key, Arc::clone(&ini), my_target);
         bootstrap::send_frame(&mut stream, &Frame::Hello(second), deadline)?;
         let their_target = bootstrap::expect_xrc_target(&mut stream, deadline)?;
-        finish(sh, key, ini, my_target, their_target, &peer)
+        finish(rc, key, ini, my_target, their_target, &peer)
     })();
-    crate::conn::settle(sh, key, id, result, "connected (xrc)", addr)
+    crate::conn::settle(rc, key, id, result, "connected (xrc)", addr)
 }
 
 /// How long a listener waits for its context's other XRC exchange before it declines
@@ -438,12 +443,13 @@ const BUSY_WAIT: Duration = Duration::from_millis(20);
 /// The listening side of an XRC endpoint, after the first `Hello`. `None`: declined, as
 /// another exchange of the context is under way (the connector tries again).
 pub(crate) fn accept(
-    sh: &Arc<Shared>,
+    rc: &RcRef,
     mut stream: TcpStream,
     from: SocketAddr,
     hello: &EndpointInfo,
     deadline: Instant,
 ) -> Result<Option<Endpoint>> {
+    let sh = &*rc.sh;
     // Wait only briefly: the exchange under way may be our own connect to this very peer,
     // waiting for the peer's listener, which waits for its own connect to us. Declining
     // breaks that cycle; the connector retries after a random pause.
@@ -457,13 +463,13 @@ pub(crate) fn accept(
         return Err(e);
     }
     let node = node(sh)?;
-    let (ini, ini_psn, _) = initiator_for(sh, hello.node_id, None)?;
-    let (key, id, info) = crate::conn::register(sh, Arc::clone(&ini), ini_psn)?;
+    let (ini, ini_psn, _) = initiator_for(rc, hello.node_id, None)?;
+    let (key, id, info) = crate::conn::register(rc, Arc::clone(&ini), ini_psn)?;
     let result = (|| -> Result<()> {
         let accept = EndpointInfo {
             qpn: ini.qp_num().0,
             psn: ini_psn,
-            xrc_in_use: target_in_use(sh, hello.node_id),
+            xrc_in_use: target_in_use(rc, hello.node_id),
             ..info
         };
         bootstrap::send_frame(&mut stream, &Frame::Accept(accept), deadline)?;
@@ -479,9 +485,9 @@ pub(crate) fn accept(
         let my_target = target_for(sh, &node, &peer)?;
         // The peer sends as soon as it has our target: finish here first (as RC's accept
         // completes before its Accept), so that `accept` returns as soon as the peer can send.
-        finish(sh, key, ini, my_target, their_target, &peer)?;
+        finish(rc, key, ini, my_target, their_target, &peer)?;
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
         Ok(())
     })();
-    crate::conn::settle(sh, key, id, result, "accepted (xrc)", from).map(Some)
+    crate::conn::settle(rc, key, id, result, "accepted (xrc)", from).map(Some)
 }

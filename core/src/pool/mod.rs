@@ -39,8 +39,9 @@ pub struct PoolConfig {
     /// Classes (and dedicated buffers) at least this large are registered with
     /// `REMOTE_READ` (rendezvous sources).
     pub remote_read_min: usize,
-    /// An extra size class (the receive-buffer size), if any.
-    pub extra_class: Option<usize>,
+    /// Extra size classes besides the powers of two: the transports' receive-buffer
+    /// sizes (RC's header plus eager threshold; UD's MTU plus GRH).
+    pub extra_classes: Vec<usize>,
 }
 
 /// Counters of a pool.
@@ -123,14 +124,12 @@ impl BufferPool {
     pub fn new(pd: &ProtectionDomain, cfg: PoolConfig) -> Self {
         let mut sizes: Vec<usize> =
             std::iter::successors(Some(MIN_CLASS), |s| (*s < MAX_CLASS).then_some(s * 2)).collect();
-        if let Some(x) = cfg.extra_class
-            && x > 0
-            && x <= MAX_CLASS
-            && !sizes.contains(&x)
-        {
-            sizes.push(x);
-            sizes.sort_unstable();
+        for &x in &cfg.extra_classes {
+            if x > 0 && x <= MAX_CLASS && !sizes.contains(&x) {
+                sizes.push(x);
+            }
         }
+        sizes.sort_unstable();
         let classes = sizes
             .iter()
             .map(|&size| Class {
@@ -480,7 +479,7 @@ mod tests {
             PoolConfig {
                 max_bytes: max,
                 remote_read_min: 8192,
-                extra_class: Some(8192 + 16),
+                extra_classes: vec![8192 + 16],
             },
         )
     }
