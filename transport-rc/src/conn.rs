@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_core::bootstrap::{self, BootstrapError, EndpointInfo, Frame, PathInfo, TransportKind};
 use rdmx_core::credit::{RecvWindow, SendWindow};
-use rdmx_core::header::{MAILBOX_LEN, Mailbox};
+
 use rdmx_core::worker::{Cx, WaitSlot};
 use rdmx_core::{DisconnectCause, Error, Result};
 use rdmx_verbs::{
@@ -20,6 +20,7 @@ use crate::endpoint::Endpoint;
 use crate::ep::{Ep, Hold, Status};
 use crate::send::{PostData, post_on};
 use crate::shared::{RcRef, Shared, State};
+use crate::wire::{MAILBOX_LEN, Mailbox};
 
 /// Send queue depth of an endpoint's queue pair.
 pub(crate) fn sq_depth(sh: &Shared) -> u32 {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_core::bootstrap::{self, TransportKind};
-use rdmx_core::header::{HEADER_LEN, MAILBOX_LEN, RTS_LEN};
+use rdmx_core::header::{HEADER_LEN, RTS_LEN};
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Wait, Worker, WorkerHandle, wait_until};
 use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
@@ -17,6 +17,7 @@ use rdmx_verbs::{AccessFlags, DeviceOptions, NicCounters, SrqInitAttr};
 use crate::endpoint::Endpoint;
 use crate::shared::{RcRef, Shared, State, Stats};
 use crate::transport::RcTransport;
+use crate::wire::MAILBOX_LEN;
 use crate::xrc::Node;
 
 /// Most endpoints a context can hold (one mailbox slot each).

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rdmx_core::credit::{RecvWindow, SendWindow};
-use rdmx_core::header::{Mailbox, RtsInfo};
+use rdmx_core::header::RtsInfo;
 use rdmx_core::worker::WaitSlot;
 use rdmx_core::{Buf, DisconnectCause};
 use rdmx_verbs::{QueuePair, WcStatus};
+
+use crate::wire::Mailbox;
 
 /// Credit-recall bookkeeping of an endpoint (see `recall.rs`).
 #[derive(Debug, Clone, Copy, Default)]

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
+use crate::wire::{Mailbox, Signal};
 use rdmx_core::Buf;
-use rdmx_core::header::{Mailbox, Signal};
 use rdmx_verbs::{RecvWr, WrOpcode};
 
 use crate::ep::{Hold, Status, wrid};

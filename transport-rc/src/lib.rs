@@ -45,6 +45,7 @@ mod send;
 mod shared;
 mod teardown;
 mod transport;
+pub mod wire;
 mod xrc;
 
 pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};

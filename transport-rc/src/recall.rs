@@ -51,8 +51,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::wire::{RECALL_OFF, Recall, Signal};
 use rdmx_core::DisconnectCause;
-use rdmx_core::header::{RECALL_OFF, Recall, Signal};
 use rdmx_core::worker::Cx;
 use rdmx_verbs::{Rkey, WrOpcode};
 

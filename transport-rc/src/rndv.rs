@@ -2,8 +2,8 @@
 //! as destinations are free), the "read done" counts and credit grants a peer writes into
 //! our mailbox slots, and the window of our own buffers awaiting a peer's read.
 
+use crate::wire::Mailbox;
 use rdmx_core::DisconnectCause;
-use rdmx_core::header::Mailbox;
 use rdmx_core::worker::Cx;
 use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_core::credit::Budget;
-use rdmx_core::header::{HEADER_LEN, Header, Kind, Mailbox, PackedEntries, RtsInfo, Signal};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, PackedEntries, RtsInfo};
 use rdmx_core::pool::BufferPool;
 use rdmx_core::regcache::RegCache;
 use rdmx_core::worker::{Cx, TransportId, Wait, Worker, WorkerState};
@@ -30,6 +30,7 @@ use rdmx_verbs::{
 use slab::Slab;
 
 use crate::ep::{Ep, Hold, Inbound, OpResult, OpSource, Status, wrid};
+use crate::wire::{Mailbox, Signal};
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;

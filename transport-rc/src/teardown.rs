@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdmx_core::header::{Header, Kind, MAILBOX_LEN, RECALL_OFF, Recall};
+use rdmx_core::header::{Header, Kind};
 use rdmx_core::worker::Cx;
 use rdmx_core::{DisconnectCause, Event};
 use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
@@ -13,6 +13,7 @@ use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
 use crate::ep::{Hold, Inbound, OpResult, OpSource, Status};
 use crate::send::{PostData, post_on};
 use crate::shared::{Shared, State};
+use crate::wire::{MAILBOX_LEN, RECALL_OFF, Recall};
 
 /// How long an XRC endpoint that went down on this side is kept (with its key and its
 /// rendezvous buffers) after telling its peer: two of the longest background ticks (100 ms),

@@ -11,8 +11,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
-use rdmx_core::header::{HEADER_LEN, Header, Kind, RECALL_OFF, RTS_LEN, RtsInfo, Signal};
+use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
+use rdmx_rc::wire::{RECALL_OFF, Signal};
 use rdmx_rc::{Context, Endpoint};
 use rdmx_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, QpAttr, QpAttrMask as M,

@@ -71,11 +71,11 @@ pub use exchange::{
 pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportKind, validate};
 
 /// Version of the bootstrap protocol; both sides must agree. Version 3: credit recall may
-/// be signalled with an RDMA WRITE with immediate (`rdmx_core::header::Signal`), which a
+/// be signalled with an RDMA WRITE with immediate (`rdmx_rc::wire::Signal`), which a
 /// version 2 peer would take for a protocol violation. Version 4: a rendezvous request may
 /// ask to be woken when a read finishes (`Header::WAKE_ON_READ`), answered with a
 /// `Signal::ReadDone` a version 3 peer would reject. Version 5: a recall word may say that
-/// the writer's endpoint is gone ([`Recall::GONE`](crate::header::Recall::GONE)), which a
+/// the writer's endpoint is gone (`rdmx_rc::wire::Recall::GONE`), which a
 /// version 4 peer would take for a request. Version 6: a recall word may say that the
 /// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
 /// counter used before).
