@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rdmx_core::{Result, bootstrap};
 
-use crate::context::Context;
 use crate::endpoint::Endpoint;
+use crate::state::RcRef;
 
 /// Most exchanges a listener runs at once; further connections wait in the TCP backlog.
 pub(crate) const MAX_EXCHANGES: usize = 64;
@@ -109,7 +109,7 @@ impl Exchanges {
     }
 
     /// Runs the exchange with a peer that just connected, on a thread of its own.
-    fn start(&self, ctx: &Context, stream: TcpStream, peer: SocketAddr) {
+    fn start(&self, rc: &RcRef, stream: TcpStream, peer: SocketAddr) {
         let seq = {
             let mut o = self.order.lock();
             let seq = o.next;
@@ -117,12 +117,13 @@ impl Exchanges {
             o.running.insert(seq, Instant::now());
             seq
         };
-        let ctx2 = ctx.clone();
+        let rc = rc.clone();
         let tx = self.done_tx.clone();
         let spawned = std::thread::Builder::new()
             .name("rdmx-accept".into())
             .spawn(move || {
-                let r = crate::conn::accept(&ctx2, stream, peer);
+                let r = crate::conn::accept(&rc, stream, peer)
+                    .map(|e| e.map(|e| Endpoint::new(rc.clone(), e.key, e.id, peer)));
                 // The listener may be gone: the endpoint is then dropped, which closes it.
                 let _ = tx.send((seq, r));
             });
@@ -142,7 +143,7 @@ impl Exchanges {
 /// The next endpoint from `tcp`, or `None` once `deadline` passes (`None`: no deadline).
 /// Exchanges started here and not finished by then go on, and a later call returns them.
 pub(crate) fn accept_until(
-    ctx: &Context,
+    rc: &RcRef,
     tcp: &TcpListener,
     ex: &Exchanges,
     deadline: Option<Instant>,
@@ -178,7 +179,7 @@ pub(crate) fn accept_until(
             None => Some(bootstrap::accept(tcp)?),
         };
         if let Some((stream, peer)) = got {
-            ex.start(ctx, stream, peer);
+            ex.start(rc, stream, peer);
         }
     }
 }

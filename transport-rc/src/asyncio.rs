@@ -16,7 +16,7 @@ use rdmx_core::worker::wait_async;
 use rdmx_core::{Buf, Error, Message, Result, bootstrap};
 
 use crate::endpoint::Endpoint;
-use crate::send::Payload;
+use crate::engine::send::Payload;
 
 impl Endpoint {
     /// Waits for the next message without blocking the thread.
@@ -130,7 +130,7 @@ impl crate::Context {
     /// # Errors
     /// As `connect`.
     pub async fn connect_async(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
-        let addr = crate::context::resolve(addr)?;
+        let addr = crate::util::resolve(addr)?;
         let ctx = self.clone();
         joined(tokio::task::spawn_blocking(move || ctx.connect(addr)).await)
     }
@@ -162,7 +162,7 @@ impl crate::Listener {
                     return Err(Error::Timeout(Duration::ZERO));
                 }
                 let until = Some(Instant::now() + ACCEPT_SLICE);
-                if let Some(ep) = crate::accept::accept_until(&ctx, &tcp, &exchanges, until)? {
+                if let Some(ep) = crate::accept::accept_until(ctx.rc(), &tcp, &exchanges, until)? {
                     return Ok(ep);
                 }
             }

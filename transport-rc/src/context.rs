@@ -11,17 +11,16 @@ use rdmx_core::bootstrap::{self, TransportKind};
 use rdmx_core::header::{HEADER_LEN, RTS_LEN};
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Wait, Worker, WorkerHandle, wait_until};
-use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Result};
+use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Message, Result};
 use rdmx_verbs::{AccessFlags, DeviceOptions, NicCounters, SrqInitAttr};
 
-use crate::endpoint::Endpoint;
-use crate::shared::{RcRef, Shared, State, Stats};
-use crate::transport::RcTransport;
+use crate::endpoint::{Endpoint, LocalRegion};
+use crate::node::Node;
+use crate::state::{RcRef, RcTransport, Shared, State, Stats};
+use crate::util::{far, random_u64, resolve};
 use crate::wire::MAILBOX_LEN;
-use crate::xrc::Node;
 
-/// Most endpoints a context can hold (one mailbox slot each).
-pub const MAX_ENDPOINTS: usize = 1 << 16;
+pub use crate::state::MAX_ENDPOINTS;
 
 /// Builds a [`Context`]. Every method has an `RDMX_*` environment variable (see
 /// `rdmx_core::config`); values set here win.
@@ -248,7 +247,7 @@ impl Context {
                 mtu_bytes: port.active_mtu.bytes() as u32,
                 ports: dev.phys_port_cnt,
                 node: node.map(|n| n.inner),
-                node_events: Mutex::new(std::collections::VecDeque::new()),
+                node_events: Arc::new(Mutex::new(std::collections::VecDeque::new())),
                 xrc_lock: Mutex::new(()),
                 batch_posts,
                 context_id: random_u64(),
@@ -261,7 +260,7 @@ impl Context {
         let rc = RcRef { w, sh: shared };
         rc.with(|sh, st, cx| sh.after(st, cx));
         if let Some(n) = &rc.sh.node {
-            n.contexts.lock().push(Arc::downgrade(&rc.sh));
+            n.contexts.lock().push(Arc::downgrade(&rc.sh.node_events));
         }
         let handle = rc.w.start()?;
         Ok(Self {
@@ -318,7 +317,8 @@ impl Context {
     /// `Verbs` when the queue pair cannot be set up.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
         let addr = resolve(addr)?;
-        crate::conn::connect(self, addr)
+        let e = crate::conn::connect(&self.rc, addr)?;
+        Ok(Endpoint::new(self.rc.clone(), e.key, e.id, addr))
     }
 
     /// A buffer from the registered pool, waiting (up to the connect timeout) while the pool
@@ -486,7 +486,7 @@ impl Listener {
     pub fn accept(&self) -> Result<Endpoint> {
         loop {
             if let Some(ep) =
-                crate::accept::accept_until(&self.ctx, &self.tcp, &self.exchanges, None)?
+                crate::accept::accept_until(self.ctx.rc(), &self.tcp, &self.exchanges, None)?
             {
                 return Ok(ep);
             }
@@ -503,7 +503,7 @@ impl Listener {
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
         let start = Instant::now();
         match crate::accept::accept_until(
-            &self.ctx,
+            self.ctx.rc(),
             &self.tcp,
             &self.exchanges,
             Some(far(start, timeout)),
@@ -519,27 +519,73 @@ impl Listener {
     }
 }
 
-pub(crate) fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
+impl Context {
+    /// Waits for the next message from any endpoint of this context. Endpoints with
+    /// messages waiting take turns (one message each, round robin); the messages of one
+    /// endpoint arrive in order. [`Message::endpoint`] says which endpoint sent it (the
+    /// [`Endpoint::id`](crate::Endpoint::id) the application got from `connect` or
+    /// `accept`).
+    ///
+    /// This never reports a disconnect: endpoints that go down show up as
+    /// [`Event::Disconnected`] in
+    /// [`poll_event`](Self::poll_event). A peer's orderly close is reported once the last
+    /// message it sent before closing has been taken, so an application may drop the
+    /// endpoint when the event comes. Messages of an endpoint whose handle was dropped
+    /// are not delivered. It can be mixed with [`Endpoint::recv`](crate::Endpoint::recv) on
+    /// the same endpoints: a
+    /// message goes to whichever call takes it first.
+    ///
+    /// # Errors
+    /// None: it waits until some endpoint has a message. (The `Result` matches the other
+    /// receive calls; [`recv_timeout`](Self::recv_timeout) and
+    /// [`try_recv`](Self::try_recv) do return errors.)
+    pub fn recv(&self) -> Result<Message> {
+        let w = &self.rc().w;
+        wait_until(w, Wait::ANY_MESSAGE, None, |ws| w.take_any(ws).map(Ok))
+    }
+
+    /// [`recv`](Self::recv) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout` when no endpoint had a message in time.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        let w = &self.rc().w;
+        wait_until(w, Wait::ANY_MESSAGE, Some(timeout), |ws| {
+            w.take_any(ws).map(Ok)
+        })
+    }
+
+    /// The next message of any endpoint if one is there now (after one round of
+    /// progress).
+    ///
+    /// # Errors
+    /// `WouldBlock` when no endpoint has a message.
+    pub fn try_recv(&self) -> Result<Message> {
+        let w = &self.rc().w;
+        let mut ws = w.lock();
+        if let Some(m) = w.take_any(&mut ws) {
+            return Ok(m);
+        }
+        if w.progress_locked(&mut ws) > 0 {
+            w.wake_all();
+        }
+        w.take_any(&mut ws).ok_or(Error::WouldBlock)
+    }
 }
 
-/// `from + t`, or a decade from `from` when that overflows (`Duration::MAX` means wait).
-pub(crate) fn far(from: Instant, t: Duration) -> Instant {
-    from.checked_add(t)
-        .unwrap_or_else(|| from + Duration::from_secs(10 * 365 * 86_400))
-}
-
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+impl Context {
+    /// Registers `len` zeroed bytes that peers may read, write and use atomics on.
+    ///
+    /// # Errors
+    /// `Verbs` when registration fails.
+    pub fn register(&self, len: usize) -> Result<LocalRegion> {
+        let mr = self.shared().pd.reg_mr(
+            len,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        )?;
+        Ok(LocalRegion { mr })
+    }
 }

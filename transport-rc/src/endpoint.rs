@@ -7,15 +7,14 @@ use std::time::{Duration, Instant};
 
 use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
-use rdmx_verbs::{AccessFlags, MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
+use rdmx_verbs::{MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
 
 use rdmx_core::Message;
 use rdmx_core::worker::wait_until;
 
-use crate::context::Context;
+use crate::engine::send::Payload;
 use crate::ep::{Inbound, OpSource, Status};
-use crate::send::Payload;
-use crate::shared::{RcRef, Shared, State};
+use crate::state::{RcRef, Shared, State};
 
 /// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
 /// access to regions the peer registered. `Send + Sync`; several threads may use it.
@@ -519,7 +518,7 @@ impl Drop for Endpoint {
 /// Memory this side registers for peers to access with one-sided operations.
 #[derive(Debug)]
 pub struct LocalRegion {
-    mr: MemoryRegion,
+    pub(crate) mr: MemoryRegion,
 }
 
 /// What a peer needs to access a [`LocalRegion`]: send it as a message
@@ -577,22 +576,5 @@ impl LocalRegion {
     /// The region's memory (read and written with copies: peers may access it any time).
     pub fn memory(&self) -> &MemoryRegion {
         &self.mr
-    }
-}
-
-impl Context {
-    /// Registers `len` zeroed bytes that peers may read, write and use atomics on.
-    ///
-    /// # Errors
-    /// `Verbs` when registration fails.
-    pub fn register(&self, len: usize) -> Result<LocalRegion> {
-        let mr = self.shared().pd.reg_mr(
-            len,
-            AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-        )?;
-        Ok(LocalRegion { mr })
     }
 }

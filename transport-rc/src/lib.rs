@@ -30,30 +30,38 @@
 //! ```
 #![forbid(unsafe_code)]
 
+// The modules in their layers, bottom up: each uses only those below it.
+//
+// 1. `wire` (the RC-only wire items), `util`, `ep` (per-endpoint state), `node` (XRC nodes);
+// 2. `state`: the transport's resources and state, and how handles reach them;
+// 3. `engine`: the progress engine (completions, credits, rendezvous, recall, sends,
+//    teardown, keepalives), one type's methods;
+// 4. `setup`: queue pairs, registering and completing endpoints;
+// 5. `conn` and `xrc`: the RC and XRC exchanges (`conn` hands XRC contexts to `xrc`);
+// 6. `transport`: the `Transport` the worker drives;
+// 7. the handles: `endpoint`, `accept` (listener exchanges), `context`, `asyncio`.
 mod accept;
 #[cfg(feature = "tokio")]
 mod asyncio;
 mod conn;
 mod context;
 mod endpoint;
+mod engine;
 mod ep;
-mod grants;
-mod inbox;
-mod recall;
-mod rndv;
-mod send;
-mod shared;
-mod teardown;
+mod node;
+mod setup;
+mod state;
 mod transport;
+mod util;
 pub mod wire;
 mod xrc;
 
 pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
 pub use endpoint::{Endpoint, LocalRegion, RemoteRegion};
+pub use node::Node;
 pub use rdmx_core::worker::{Batch, IntoBufError, MAX_EVENTS, Message};
 pub use rdmx_verbs::SharedBytes;
-pub use shared::Stats;
-pub use xrc::Node;
+pub use state::Stats;
 
 /// The handles applications pass between threads stay `Send + Sync` (a compile-time check:
 /// a field that is not, such as an `Rc`, fails the build here rather than in a user's code).

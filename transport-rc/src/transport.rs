@@ -3,22 +3,13 @@
 //! scans, packed frames held by send batches), device events, and received buffers coming
 //! back. How threads wait, and the background thread, are the worker's.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmx_core::worker::{Cx, Message, Transport, WaitSlot};
 use rdmx_core::{Buf, Event};
 use rdmx_verbs::AsyncEvent;
 
-use crate::shared::{Shared, State};
-
-/// The RC transport's part of the worker's state: its shared resources and its mutable
-/// state, which only calls under the worker's lock touch.
-#[derive(Debug)]
-pub(crate) struct RcTransport {
-    pub(crate) sh: Arc<Shared>,
-    pub(crate) st: State,
-}
+use crate::state::{RcTransport, Shared, State};
 
 impl Transport for RcTransport {
     fn arm(&self) {
@@ -47,7 +38,7 @@ impl Transport for RcTransport {
         // (The quicker looks at the starving flags between ticks happen in progress,
         // `Shared::after`, once they are due.)
         let scan = if st.recall_pressure {
-            Some(crate::recall::PRESSURE_SCAN)
+            Some(crate::engine::recall::PRESSURE_SCAN)
         } else if st.recall_watch {
             Some(st.recall_watch_every)
         } else {
@@ -74,13 +65,13 @@ impl Transport for RcTransport {
                 sh.flush_packs(st);
                 if !st.packs.is_empty() {
                     // No send slot now: look again soon.
-                    st.pack_due = Some(now + crate::send::PACK_HOLD);
+                    st.pack_due = Some(now + crate::engine::send::PACK_HOLD);
                 }
             }
         }
         if now >= st.next_keepalive {
             rearm(sh, st, cx, None);
-            crate::conn::keepalive(sh, st, cx, now);
+            crate::engine::keepalive(sh, st, cx, now);
             st.next_keepalive = now + sh.keepalive_tick();
             st.recall_scanned_at = Some(now);
         }
@@ -92,9 +83,9 @@ impl Transport for RcTransport {
         // notifies nobody, and the background thread may have backed off to its tick.
         let st = &self.st;
         if st.recall_pressure {
-            Some(crate::recall::PRESSURE_SCAN)
+            Some(crate::engine::recall::PRESSURE_SCAN)
         } else if st.budget.spare() == 0 && !st.needy.is_empty() {
-            Some(crate::recall::WATCH_SCAN)
+            Some(crate::engine::recall::WATCH_SCAN)
         } else {
             None
         }
@@ -163,7 +154,7 @@ fn rearm(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, port: Option<u8>) {
         }
         // Port 1 reaches the peer's primary address, port 2 its alternate.
         let target = &paths[usize::from(p) - 1];
-        match crate::conn::load_alternate(sh, &ep.qp, target, p) {
+        match crate::setup::load_alternate(sh, &ep.qp, target, p) {
             Ok(()) => {
                 ep.rearm_port = None;
                 rearmed.push(ep.id);

@@ -1,6 +1,6 @@
 //! XRC endpoints: contexts on one node share a connection per remote node.
 //!
-//! A [`Node`] is one device with one XRC domain. Every XRC context on it has its own XRC
+//! A `Node` (`node.rs`) is one device with one XRC domain. Every XRC context on it has its own XRC
 //! shared receive queue in that domain. Towards each remote node a context keeps **one**
 //! initiator queue pair (XRC_SEND), whatever the number of endpoints it has there; a message
 //! names the remote context's receive queue by its SRQ number. The remote node keeps one
@@ -26,8 +26,8 @@
 //! when the peer's initiator arrives on the alternate path with MigReq = 1, and the endpoints
 //! sharing an initiator all report `PathMigrated`.
 //!
-//! A node is either the contexts of one process ([`Node::open`]) or of every process that
-//! opens the node with the same domain file ([`Node::open_shared`], `ibv_open_xrcd` with a
+//! A node is either the contexts of one process (`Node::open`) or of every process that
+//! opens the node with the same domain file (`Node::open_shared`, `ibv_open_xrcd` with a
 //! file). Across processes, the node's targets are shared too: each side says in the
 //! exchange which target of the other's node its initiator already sends to
 //! (`xrc_in_use`), and the other side then uses that target, whichever process of its node
@@ -36,176 +36,18 @@
 //! `xrc_target_alt` for the host's second port, the alternate path of initiators towards
 //! the node).
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo};
 use rdmx_core::{Error, Result};
-use rdmx_verbs::{
-    Device, DeviceOptions, ProtectionDomain, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QueuePair, XrcDomain,
-};
+use rdmx_verbs::{QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair};
 
-use crate::endpoint::Endpoint;
-use crate::shared::{RcRef, Shared};
-
-/// One device with one XRC domain, shared by the XRC contexts built on it
-/// (`ContextBuilder::node`). Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Node {
-    pub(crate) inner: Arc<NodeInner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct NodeInner {
-    pub(crate) vctx: rdmx_verbs::Context,
-    pub(crate) pd: ProtectionDomain,
-    pub(crate) xrcd: XrcDomain,
-    pub(crate) id: u64,
-    /// Target queue pairs this process created, by (remote node, remote initiator QP
-    /// number).
-    targets: Mutex<HashMap<(u64, u32), QueuePair>>,
-    /// The node's contexts, which share its device and so its events.
-    pub(crate) contexts: Mutex<Vec<std::sync::Weak<Shared>>>,
-}
-
-impl NodeInner {
-    /// Destroys the target queue pairs this process made for initiators of `peer_node`
-    /// (their initiators' next packets go unanswered); returns how many.
-    pub(crate) fn drop_targets_from(&self, peer_node: u64) -> usize {
-        let mut targets = self.targets.lock();
-        let before = targets.len();
-        targets.retain(|&(node, _), _| node != peer_node);
-        before - targets.len()
-    }
-
-    /// Hands a device event to every live context of the node (each acts on its own
-    /// objects; before, only the context that read the event heard of it).
-    pub(crate) fn share_event(&self, ev: rdmx_verbs::AsyncEvent) {
-        let mut ctxs = self.contexts.lock();
-        ctxs.retain(|w| w.strong_count() > 0);
-        for c in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
-            c.node_events.lock().push_back(ev);
-        }
-    }
-
-    /// Where the node's targets receive on `port`, when another process hosts the domain.
-    pub(crate) fn target_path(&self, port: u8) -> Option<PathInfo> {
-        if !self.xrcd.is_remote() {
-            return None;
-        }
-        let a = self.xrcd.target_addr(port).ok()?;
-        Some(PathInfo {
-            gid: rdmx_verbs::Gid::from_ip(a.ip()).0,
-            udp_port: a.port(),
-            port_num: port,
-        })
-    }
-}
-
-impl Node {
-    /// Opens `device` and an XRC domain on it.
-    ///
-    /// # Errors
-    /// `Verbs` when the device cannot be opened or has no XRC.
-    pub fn open(device: &str) -> Result<Self> {
-        Self::from_context(Device::open(device)?)
-    }
-
-    /// [`open`](Self::open) with device options (soft provider: fault injection).
-    ///
-    /// # Errors
-    /// As `open`.
-    pub fn open_with(device: &str, options: DeviceOptions) -> Result<Self> {
-        Self::from_context(Device::open_with(device, options)?)
-    }
-
-    /// Opens `device` and joins the node shared by every process that opens it with the
-    /// same `domain_file` (created if missing): their contexts share one connection per
-    /// remote node, initiators and targets alike. On the soft provider the first process to
-    /// open the file hosts the domain for the others, and the node ends with that process
-    /// (the others' XRC endpoints then fail); see `Context::open_xrcd_file` in rdmx-verbs.
-    ///
-    /// # Errors
-    /// `Verbs` when the device or the domain cannot be opened or the device has no XRC.
-    pub fn open_shared(device: &str, domain_file: impl AsRef<std::path::Path>) -> Result<Self> {
-        Self::with_domain(Device::open(device)?, Some(domain_file.as_ref()))
-    }
-
-    /// [`open_shared`](Self::open_shared) with device options.
-    ///
-    /// # Errors
-    /// As `open_shared`.
-    pub fn open_shared_with(
-        device: &str,
-        options: DeviceOptions,
-        domain_file: impl AsRef<std::path::Path>,
-    ) -> Result<Self> {
-        Self::with_domain(
-            Device::open_with(device, options)?,
-            Some(domain_file.as_ref()),
-        )
-    }
-
-    fn from_context(vctx: rdmx_verbs::Context) -> Result<Self> {
-        Self::with_domain(vctx, None)
-    }
-
-    fn with_domain(vctx: rdmx_verbs::Context, file: Option<&std::path::Path>) -> Result<Self> {
-        if !vctx.query_device().xrc {
-            return Err(Error::Config(format!("device {} has no XRC", vctx.name())));
-        }
-        let pd = vctx.alloc_pd()?;
-        let (xrcd, id) = match file {
-            None => (vctx.open_xrcd()?, crate::context::random_u64()),
-            Some(f) => {
-                let xrcd = vctx.open_xrcd_file(f)?;
-                // Every process of the node must announce the same node: name it after
-                // where its targets receive (the host's address) and the domain.
-                let at = xrcd.target_addr(1)?;
-                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-                for b in format!("{at}/{}", f.display()).bytes() {
-                    h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-                }
-                (xrcd, h)
-            }
-        };
-        Ok(Self {
-            inner: Arc::new(NodeInner {
-                vctx,
-                pd,
-                xrcd,
-                id,
-                targets: Mutex::new(HashMap::new()),
-                contexts: Mutex::new(Vec::new()),
-            }),
-        })
-    }
-
-    /// The node's random identifier (sent to peers).
-    pub fn id(&self) -> u64 {
-        self.inner.id
-    }
-
-    /// Target queue pairs this process created on the node (one per remote initiator;
-    /// with a node shared by processes, each target is created by one of them).
-    pub fn target_qps(&self) -> usize {
-        self.inner.targets.lock().len()
-    }
-}
-
-/// A context's initiator towards one remote node.
-#[derive(Debug)]
-pub(crate) struct Initiator {
-    pub(crate) qp: Arc<QueuePair>,
-    pub(crate) psn: u32,
-    pub(crate) connected: bool,
-    /// The remote node's target it sends to, once connected.
-    pub(crate) target: u32,
-}
+use crate::node::{Initiator, NodeInner};
+use crate::setup::Established;
+use crate::state::{RcRef, Shared};
 
 /// Creates an initiator queue pair (moved to INIT).
 pub(crate) fn create_initiator(sh: &Shared, sq_depth: u32) -> Result<QueuePair> {
@@ -238,8 +80,8 @@ pub(crate) fn connect_initiator(
     peer_mtu: u32,
 ) -> Result<()> {
     // The target's responses carry our own PSNs; rq_psn is unused on an initiator.
-    crate::conn::to_rtr(sh, &ini.qp, path, peer_mtu, target, 0, false)?;
-    crate::conn::to_rts(sh, &ini.qp, ini.psn, true)
+    crate::setup::to_rtr(sh, &ini.qp, path, peer_mtu, target, 0, false)?;
+    crate::setup::to_rts(sh, &ini.qp, ini.psn, true)
 }
 
 /// The target queue pair this node has for the remote initiator `peer` describes (its node,
@@ -265,13 +107,13 @@ pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> 
         return Ok(t.qp_num().0);
     }
     let tgt = node.pd.create_xrc_target_qp(&node.xrcd)?;
-    crate::conn::to_init(&tgt)?;
-    crate::conn::to_rtr(sh, &tgt, path, peer_mtu, ini_qpn, ini_psn, true)?;
-    crate::conn::to_rts(sh, &tgt, 0, false)?;
+    crate::setup::to_init(&tgt)?;
+    crate::setup::to_rtr(sh, &tgt, path, peer_mtu, ini_qpn, ini_psn, true)?;
+    crate::setup::to_rts(sh, &tgt, 0, false)?;
     if sh.ports >= 2
         && let Some(alt) = alt_path
     {
-        crate::conn::load_alternate(sh, &tgt, alt, 2)?;
+        crate::setup::load_alternate(sh, &tgt, alt, 2)?;
     }
     let n = tgt.qp_num().0;
     targets.insert((peer_node, ini_qpn), tgt);
@@ -298,7 +140,7 @@ fn initiator_for(
             Some(f) => f,
             None => (
                 Arc::new(create_initiator(sh, initiator_depth(sh))?),
-                crate::conn::random_psn(),
+                crate::setup::random_psn(),
             ),
         };
         st.initiators.insert(
@@ -333,7 +175,7 @@ fn ensure_connected(rc: &RcRef, peer_node: u64, target: u32, peer: &EndpointInfo
             if sh.ports >= 2
                 && let Some(alt) = alt
             {
-                crate::conn::load_alternate(sh, &ini.qp, alt, 2)?;
+                crate::setup::load_alternate(sh, &ini.qp, alt, 2)?;
             }
             ini.connected = true;
             ini.target = target;
@@ -364,7 +206,7 @@ fn finish(
 ) -> Result<()> {
     ensure_connected(rc, peer.node_id, their_target, peer)?;
     attach(rc, key, ini, my_target);
-    crate::conn::complete(rc, key, peer);
+    crate::setup::complete(rc, key, peer);
     Ok(())
 }
 
@@ -405,18 +247,18 @@ pub(crate) fn connect(
     mut stream: TcpStream,
     addr: SocketAddr,
     deadline: Instant,
-) -> Result<Endpoint> {
+) -> Result<Established> {
     let sh = &*rc.sh;
     let node = node(sh)?;
     // A new initiator, used only if this context has none towards the peer's node yet
     // (which is known from the Accept).
     let fresh = Arc::new(create_initiator(sh, initiator_depth(sh))?);
-    let fresh_psn = crate::conn::random_psn();
-    let (key, id, info) = crate::conn::register(rc, Arc::clone(&fresh), fresh_psn)?;
+    let fresh_psn = crate::setup::random_psn();
+    let (key, id, info) = crate::setup::register(rc, Arc::clone(&fresh), fresh_psn)?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info.clone()), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
-        crate::conn::check_peer(sh, &peer)?;
+        crate::setup::check_peer(sh, &peer)?;
         let (ini, ini_psn, _) = initiator_for(rc, peer.node_id, Some((fresh, fresh_psn)))?;
         let my_target = target_for(sh, &node, &peer)?;
         let second = EndpointInfo {
@@ -433,7 +275,7 @@ pub(crate) fn connect(
         let their_target = bootstrap::expect_xrc_target(&mut stream, deadline)?;
         finish(rc, key, ini, my_target, their_target, &peer)
     })();
-    crate::conn::settle(rc, key, id, result, "connected (xrc)", addr)
+    crate::setup::settle(rc, key, id, result, "connected (xrc)", addr)
 }
 
 /// How long a listener waits for its context's other XRC exchange before it declines
@@ -448,7 +290,7 @@ pub(crate) fn accept(
     from: SocketAddr,
     hello: &EndpointInfo,
     deadline: Instant,
-) -> Result<Option<Endpoint>> {
+) -> Result<Option<Established>> {
     let sh = &*rc.sh;
     // Wait only briefly: the exchange under way may be our own connect to this very peer,
     // waiting for the peer's listener, which waits for its own connect to us. Declining
@@ -458,13 +300,13 @@ pub(crate) fn accept(
         tracing::debug!(%from, "XRC exchange declined: another one is under way");
         return Ok(None);
     };
-    if let Err(e) = crate::conn::check_peer(sh, hello) {
+    if let Err(e) = crate::setup::check_peer(sh, hello) {
         let _ = bootstrap::reject(&mut stream, &e.to_string(), deadline);
         return Err(e);
     }
     let node = node(sh)?;
     let (ini, ini_psn, _) = initiator_for(rc, hello.node_id, None)?;
-    let (key, id, info) = crate::conn::register(rc, Arc::clone(&ini), ini_psn)?;
+    let (key, id, info) = crate::setup::register(rc, Arc::clone(&ini), ini_psn)?;
     let result = (|| -> Result<()> {
         let accept = EndpointInfo {
             qpn: ini.qp_num().0,
@@ -489,5 +331,5 @@ pub(crate) fn accept(
         bootstrap::send_frame(&mut stream, &Frame::XrcTarget(my_target), deadline)?;
         Ok(())
     })();
-    crate::conn::settle(rc, key, id, result, "accepted (xrc)", from).map(Some)
+    crate::setup::settle(rc, key, id, result, "accepted (xrc)", from).map(Some)
 }

@@ -56,9 +56,9 @@ use rdmx_core::DisconnectCause;
 use rdmx_core::worker::Cx;
 use rdmx_verbs::{Rkey, WrOpcode};
 
+use super::send::{PostData, post_on};
 use crate::ep::{Hold, Status};
-use crate::send::{PostData, post_on};
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 
 /// Writes our recall word (`returned`, `requested`, flags) into the peer's slot of endpoint
 /// `k`.
@@ -106,11 +106,7 @@ fn write_recall_as(st: &mut State, k: usize, signal: Option<Signal>) -> bool {
     post_on(ep, op, PostData::Inline(&bytes), Hold::None, false).is_ok()
 }
 
-/// How often a context first looks at the starving flags once every posted buffer backs a
-/// credit and some endpoint holds none (a sender there can only wait to be noticed). While
-/// the context receives nothing, the interval doubles after each look that finds nobody
-/// starving, up to the tick; it starts again here when someone starves or messages arrive.
-pub(crate) const WATCH_SCAN: Duration = Duration::from_millis(10);
+pub(crate) use crate::state::WATCH_SCAN;
 
 /// The peer's recall word of endpoint `k`, from our mailbox.
 fn their_word(sh: &Shared, st: &State, k: usize) -> Option<Recall> {

@@ -8,7 +8,7 @@ use rdmx_core::worker::Cx;
 use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
 
 use crate::ep::{Hold, Inbound, Status, wrid};
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 
 impl Shared {
     pub(crate) fn on_read(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {

@@ -11,7 +11,7 @@ use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
 
 use crate::ep::{Ep, Hold, OpSource, RndvSrc, Status, wrid};
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 
 /// Inline payloads up to this size are framed in a stack buffer (larger ones, possible only
 /// with a raised `RDMX_INLINE_THRESHOLD`, on the heap).
@@ -119,8 +119,8 @@ impl Shared {
                 .map_or(waits_since, |t| t.min(waits_since));
             if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
                 ep.recall.starving = true;
-                crate::recall::write_recall(st, k);
-                crate::recall::lend_idle(self, st, cx, k);
+                super::recall::write_recall(st, k);
+                super::recall::lend_idle(self, st, cx, k);
             }
             return Ok(Some(payload));
         }
@@ -335,7 +335,7 @@ impl Shared {
         ep.recall.starved_since = None;
         if ep.recall.starving {
             ep.recall.starving = false;
-            crate::recall::write_recall(st, k);
+            super::recall::write_recall(st, k);
         }
     }
 

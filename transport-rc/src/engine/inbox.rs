@@ -1,6 +1,7 @@
 //! Handing received messages to the application: from one endpoint
 //! ([`Endpoint::recv`](crate::Endpoint::recv)) or
-//! from whichever endpoint of a context has one ([`Context::recv`]).
+//! from whichever endpoint of a context has one (`Context::recv`, through the worker's
+//! ready queue).
 //!
 //! A server with many endpoints should not need a thread, or a polling loop, per endpoint.
 //! So the context keeps a ready queue: the endpoints whose inbox starts with a deliverable
@@ -20,17 +21,15 @@
 //! holds more entries than messages arrived.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rdmx_core::worker::Cx;
-use rdmx_core::{DisconnectCause, Error, Event, Result};
+use rdmx_core::{DisconnectCause, Event};
 
 use rdmx_core::Message;
-use rdmx_core::worker::{Body, Wait, wait_until};
+use rdmx_core::worker::Body;
 
-use crate::context::Context;
 use crate::ep::Inbound;
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 use rdmx_core::header::PackedEntries;
 
 impl Shared {
@@ -86,59 +85,5 @@ impl Shared {
             self.mark_needy(st, k);
         }
         cx.message(payload, id)
-    }
-}
-
-impl Context {
-    /// Waits for the next message from any endpoint of this context. Endpoints with
-    /// messages waiting take turns (one message each, round robin); the messages of one
-    /// endpoint arrive in order. [`Message::endpoint`] says which endpoint sent it (the
-    /// [`Endpoint::id`](crate::Endpoint::id) the application got from `connect` or
-    /// `accept`).
-    ///
-    /// This never reports a disconnect: endpoints that go down show up as
-    /// [`Event::Disconnected`] in
-    /// [`poll_event`](Self::poll_event). A peer's orderly close is reported once the last
-    /// message it sent before closing has been taken, so an application may drop the
-    /// endpoint when the event comes. Messages of an endpoint whose handle was dropped
-    /// are not delivered. It can be mixed with [`Endpoint::recv`](crate::Endpoint::recv) on
-    /// the same endpoints: a
-    /// message goes to whichever call takes it first.
-    ///
-    /// # Errors
-    /// None: it waits until some endpoint has a message. (The `Result` matches the other
-    /// receive calls; [`recv_timeout`](Self::recv_timeout) and
-    /// [`try_recv`](Self::try_recv) do return errors.)
-    pub fn recv(&self) -> Result<Message> {
-        let w = &self.rc().w;
-        wait_until(w, Wait::ANY_MESSAGE, None, |ws| w.take_any(ws).map(Ok))
-    }
-
-    /// [`recv`](Self::recv) giving up after `timeout`.
-    ///
-    /// # Errors
-    /// `Timeout` when no endpoint had a message in time.
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        let w = &self.rc().w;
-        wait_until(w, Wait::ANY_MESSAGE, Some(timeout), |ws| {
-            w.take_any(ws).map(Ok)
-        })
-    }
-
-    /// The next message of any endpoint if one is there now (after one round of
-    /// progress).
-    ///
-    /// # Errors
-    /// `WouldBlock` when no endpoint has a message.
-    pub fn try_recv(&self) -> Result<Message> {
-        let w = &self.rc().w;
-        let mut ws = w.lock();
-        if let Some(m) = w.take_any(&mut ws) {
-            return Ok(m);
-        }
-        if w.progress_locked(&mut ws) > 0 {
-            w.wake_all();
-        }
-        w.take_any(&mut ws).ok_or(Error::WouldBlock)
     }
 }

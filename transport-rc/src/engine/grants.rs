@@ -9,9 +9,9 @@ use crate::wire::{Mailbox, Signal};
 use rdmx_core::Buf;
 use rdmx_verbs::{RecvWr, WrOpcode};
 
+use super::send::{PostData, post_on};
 use crate::ep::{Hold, Status, wrid};
-use crate::send::{PostData, post_on};
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 
 impl Shared {
     /// Puts a receive buffer back on the shared receive queue (or back in the pool when the

@@ -10,9 +10,9 @@ use rdmx_core::worker::Cx;
 use rdmx_core::{DisconnectCause, Event};
 use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
 
+use super::send::{PostData, post_on};
 use crate::ep::{Hold, Inbound, OpResult, OpSource, Status};
-use crate::send::{PostData, post_on};
-use crate::shared::{Shared, State};
+use crate::state::{Shared, State};
 use crate::wire::{MAILBOX_LEN, RECALL_OFF, Recall};
 
 /// How long an XRC endpoint that went down on this side is kept (with its key and its
@@ -120,7 +120,7 @@ impl Shared {
             };
             if ep.send.available() == 0 && ep.drained() && !ep.recall.closing {
                 ep.recall.closing = true;
-                crate::recall::write_recall(st, k);
+                super::recall::write_recall(st, k);
             }
         }
         let mut remove = Vec::new();

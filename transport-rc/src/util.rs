@@ -1,0 +1,33 @@
+//! Small helpers every layer may use: addresses, deadlines, random identifiers.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use rdmx_core::{Error, Result};
+
+/// The first address `addr` resolves to.
+pub(crate) fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
+}
+
+/// `from + t`, or a decade from `from` when that overflows (`Duration::MAX` means wait).
+pub(crate) fn far(from: Instant, t: Duration) -> Instant {
+    from.checked_add(t)
+        .unwrap_or_else(|| from + Duration::from_secs(10 * 365 * 86_400))
+}
+
+/// A random identifier (contexts, XRC nodes, pauses).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
