@@ -184,65 +184,21 @@ impl Shared {
         ok
     }
 
+    /// A receive completion: a signal, or a message for the endpoint its header names.
     fn on_recv(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
         let slot = wrid::key(c.wr_id);
-        let Some(mut buf) = st.recv_slots.try_remove(slot) else {
+        let Some(buf) = st.recv_slots.try_remove(slot) else {
             return;
         };
         st.budget.posted = st.budget.posted.saturating_sub(1);
         st.recv_seen += 1;
-        let qpn = c.qp_num.0;
         if c.status == WcStatus::Success && c.opcode == WcOpcode::RecvRdmaWithImm {
             self.on_signal(st, cx, c, buf);
             return;
         }
-        // Route by the header's tag (XRC needs it: one target queue pair carries the messages
-        // of every endpoint behind a remote initiator), checked against the queue pair the
-        // message came through. An RC message whose header is unreadable is still traced to
-        // its endpoint by its queue pair, to take that endpoint down.
-        let parsed = if c.status == WcStatus::Success && buf.set_len(c.byte_len as usize).is_ok() {
-            Some(Header::parse(&buf))
-        } else {
-            None
+        let Some((k, hdr, buf)) = self.route(st, cx, c, buf) else {
+            return;
         };
-        let by_tag = match &parsed {
-            Some(Ok(h)) => Some(usize::from(h.tag)),
-            _ => st.by_qpn.get(&qpn).copied(),
-        };
-        let key = by_tag.filter(|&k| st.eps.get(k).is_some_and(|e| e.recv_qpn == qpn));
-        let hdr = match (parsed, key) {
-            (Some(Ok(h)), Some(_)) => h,
-            (parsed, key) => {
-                st.stats.stray_completions += 1;
-                tracing::debug!(
-                    status = ?c.status,
-                    qpn,
-                    opcode = ?c.opcode,
-                    byte_len = c.byte_len,
-                    tag = ?by_tag,
-                    recv_qpn = ?by_tag.and_then(|k| st.eps.get(k)).map(|e| e.recv_qpn),
-                    header_ok = matches!(parsed, Some(Ok(_))),
-                    "stray receive completion"
-                );
-                let cause = match parsed {
-                    Some(Err(e)) => {
-                        st.stats.protocol_errors += 1;
-                        Some(DisconnectCause::Protocol(e.to_string()))
-                    }
-                    None if c.status != WcStatus::WrFlushErr => {
-                        tracing::debug!(status = ?c.status, qpn, "receive completion error");
-                        Some(DisconnectCause::TransportError(format!("{:?}", c.status)))
-                    }
-                    _ => None,
-                };
-                if let (Some(k), Some(cause)) = (key, cause) {
-                    self.fail(st, cx, k, cause);
-                }
-                self.repost(st, buf);
-                return;
-            }
-        };
-        let Some(k) = key else { return };
         // A rendezvous request wakes nobody: its message is deliverable only once read, and
         // the read completion wakes the receiver then (a thread waiting for a message used to
         // wake here for nothing, then again for the read). Senders it gives credits to are
@@ -260,14 +216,7 @@ impl Shared {
             Self::take_credit(st, k)
         };
         if !credited {
-            st.stats.protocol_errors += 1;
-            self.fail(
-                st,
-                cx,
-                k,
-                DisconnectCause::Protocol("message without a credit".into()),
-            );
-            self.repost(st, buf);
+            self.refuse(st, cx, k, buf, "message without a credit".into());
             return;
         }
         self.mark_needy(st, k);
@@ -285,74 +234,18 @@ impl Shared {
         match hdr.kind {
             Kind::Data => {
                 st.held += 1;
-                st.eps[k].inbox.push_back(Inbound::Msg {
-                    buf,
-                    off: HEADER_LEN,
-                });
-                if let Some(ep) = st.eps.get_mut(k) {
-                    cx.mark_ready(&mut ep.wait);
-                }
+                self.deliver(
+                    st,
+                    cx,
+                    k,
+                    Inbound::Msg {
+                        buf,
+                        off: HEADER_LEN,
+                    },
+                );
             }
-            Kind::Packed => {
-                let end = HEADER_LEN + hdr.len as usize;
-                let Some((_, count)) = buf.get(HEADER_LEN..end).and_then(PackedEntries::parse)
-                else {
-                    st.stats.protocol_errors += 1;
-                    self.fail(
-                        st,
-                        cx,
-                        k,
-                        DisconnectCause::Protocol("malformed packed frame".into()),
-                    );
-                    self.repost(st, buf);
-                    return;
-                };
-                tracing::trace!(endpoint = st.eps[k].id, count, "received a packed frame");
-                st.held += 1;
-                st.eps[k].inbox.push_back(Inbound::Packed {
-                    frame: Arc::new(buf),
-                    off: HEADER_LEN,
-                    end,
-                });
-                if let Some(ep) = st.eps.get_mut(k) {
-                    cx.mark_ready(&mut ep.wait);
-                }
-            }
-            Kind::Rts => {
-                let rts = RtsInfo::parse(&buf);
-                self.repost(st, buf);
-                let Some(rts) = rts else { return };
-                if hdr.len as usize > self.cfg.max_message {
-                    st.stats.protocol_errors += 1;
-                    self.fail(
-                        st,
-                        cx,
-                        k,
-                        DisconnectCause::Protocol(format!(
-                            "rendezvous message of {} bytes exceeds max_message",
-                            hdr.len
-                        )),
-                    );
-                    return;
-                }
-                let ep = &mut st.eps[k];
-                ep.rndv_queued += 1;
-                ep.rndv_in_seen = ep.rndv_in_seen.wrapping_add(1);
-                if hdr.flags & Header::WAKE_ON_READ != 0 {
-                    let outstanding = ep.rndv_in_seen.wrapping_sub(ep.rndv_in_done);
-                    ep.rndv_wake_at = Some(ep.rndv_in_done.wrapping_add(outstanding.div_ceil(2)));
-                }
-                st.eps[k].inbox.push_back(Inbound::Rndv {
-                    len: hdr.len,
-                    rts,
-                    dest: None,
-                    posted: false,
-                    done: false,
-                });
-                if !st.rndv_wait.contains(&k) {
-                    st.rndv_wait.push(k);
-                }
-            }
+            Kind::Packed => self.on_packed(st, cx, k, &hdr, buf),
+            Kind::Rts => self.on_rts(st, cx, k, &hdr, buf),
             Kind::Close => {
                 self.repost(st, buf);
                 let ep = &mut st.eps[k];
@@ -364,6 +257,139 @@ impl Shared {
                 }
                 st.reap_pending = true;
             }
+        }
+    }
+
+    /// Finds the endpoint a received message is for: by the header's tag (XRC needs it: one
+    /// target queue pair carries the messages of every endpoint behind a remote initiator),
+    /// checked against the queue pair the message came through. A message that belongs to
+    /// no endpoint is counted and its buffer reposted; an RC message whose header is
+    /// unreadable is still traced to its endpoint by its queue pair, to take that endpoint
+    /// down.
+    fn route(
+        &self,
+        st: &mut State,
+        cx: &mut Cx<'_>,
+        c: &WorkCompletion,
+        mut buf: Buf,
+    ) -> Option<(usize, Header, Buf)> {
+        let qpn = c.qp_num.0;
+        let parsed = if c.status == WcStatus::Success && buf.set_len(c.byte_len as usize).is_ok() {
+            Some(Header::parse(&buf))
+        } else {
+            None
+        };
+        let by_tag = match &parsed {
+            Some(Ok(h)) => Some(usize::from(h.tag)),
+            _ => st.by_qpn.get(&qpn).copied(),
+        };
+        let key = by_tag.filter(|&k| st.eps.get(k).is_some_and(|e| e.recv_qpn == qpn));
+        if let (Some(Ok(h)), Some(k)) = (&parsed, key) {
+            return Some((k, *h, buf));
+        }
+        st.stats.stray_completions += 1;
+        tracing::debug!(
+            status = ?c.status,
+            qpn,
+            opcode = ?c.opcode,
+            byte_len = c.byte_len,
+            tag = ?by_tag,
+            recv_qpn = ?by_tag.and_then(|k| st.eps.get(k)).map(|e| e.recv_qpn),
+            header_ok = matches!(parsed, Some(Ok(_))),
+            "stray receive completion"
+        );
+        let cause = match parsed {
+            Some(Err(e)) => {
+                st.stats.protocol_errors += 1;
+                Some(DisconnectCause::Protocol(e.to_string()))
+            }
+            None if c.status != WcStatus::WrFlushErr => {
+                tracing::debug!(status = ?c.status, qpn, "receive completion error");
+                Some(DisconnectCause::TransportError(format!("{:?}", c.status)))
+            }
+            _ => None,
+        };
+        if let (Some(k), Some(cause)) = (key, cause) {
+            self.fail(st, cx, k, cause);
+        }
+        self.repost(st, buf);
+        None
+    }
+
+    /// The peer of endpoint `k` broke the protocol with the message in `buf`: the endpoint
+    /// goes down, the buffer back to the queue.
+    fn refuse(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, buf: Buf, why: String) {
+        st.stats.protocol_errors += 1;
+        self.fail(st, cx, k, DisconnectCause::Protocol(why));
+        self.repost(st, buf);
+    }
+
+    /// Queues something deliverable for endpoint `k`, and the endpoint for receives on the
+    /// whole context.
+    fn deliver(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, what: Inbound) {
+        if let Some(ep) = st.eps.get_mut(k) {
+            ep.inbox.push_back(what);
+            cx.mark_ready(&mut ep.wait);
+        }
+    }
+
+    /// A packed frame: several small messages in one receive buffer, handed out as views of
+    /// it.
+    fn on_packed(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, hdr: &Header, buf: Buf) {
+        let end = HEADER_LEN + hdr.len as usize;
+        let Some((_, count)) = buf.get(HEADER_LEN..end).and_then(PackedEntries::parse) else {
+            self.refuse(st, cx, k, buf, "malformed packed frame".into());
+            return;
+        };
+        tracing::trace!(endpoint = st.eps[k].id, count, "received a packed frame");
+        st.held += 1;
+        self.deliver(
+            st,
+            cx,
+            k,
+            Inbound::Packed {
+                frame: Arc::new(buf),
+                off: HEADER_LEN,
+                end,
+            },
+        );
+    }
+
+    /// A rendezvous request: queued in order, and its read posted once a destination
+    /// buffer is free (`post_deferred_reads`).
+    fn on_rts(&self, st: &mut State, cx: &mut Cx<'_>, k: usize, hdr: &Header, buf: Buf) {
+        let rts = RtsInfo::parse(&buf);
+        self.repost(st, buf);
+        let Some(rts) = rts else { return };
+        if hdr.len as usize > self.cfg.max_message {
+            st.stats.protocol_errors += 1;
+            self.fail(
+                st,
+                cx,
+                k,
+                DisconnectCause::Protocol(format!(
+                    "rendezvous message of {} bytes exceeds max_message",
+                    hdr.len
+                )),
+            );
+            return;
+        }
+        let ep = &mut st.eps[k];
+        ep.rndv_queued += 1;
+        ep.rndv_in_seen = ep.rndv_in_seen.wrapping_add(1);
+        if hdr.flags & Header::WAKE_ON_READ != 0 {
+            let outstanding = ep.rndv_in_seen.wrapping_sub(ep.rndv_in_done);
+            ep.rndv_wake_at = Some(ep.rndv_in_done.wrapping_add(outstanding.div_ceil(2)));
+        }
+        ep.inbox.push_back(Inbound::Rndv {
+            len: hdr.len,
+            rts,
+            dest: None,
+            posted: false,
+            done: false,
+        });
+        if !st.rndv_wait.contains(&k) {
+            st.rndv_wait.push(k);
         }
     }
 

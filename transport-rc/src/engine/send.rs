@@ -73,7 +73,46 @@ impl Shared {
         payload: Payload<'a>,
     ) -> Result<Option<Payload<'a>>> {
         let len = payload.len();
-        let Some(ep) = st.eps.get_mut(k) else {
+        self.check_sendable(st, k, len)?;
+        // Inside a send batch, small messages share packed frames.
+        if len <= self.inline_max
+            && cx.worker().batch_open()
+            && self.pack(st, cx, k, payload.bytes())?
+        {
+            return Ok(None);
+        }
+        // Any other send goes after the endpoint's packed frame, to keep the order.
+        if !self.flush_pack(st, k)? {
+            return Ok(Some(payload));
+        }
+        if !st.eps.contains(k) {
+            return Err(Error::Disconnected(DisconnectCause::LocalClose));
+        }
+        if !self.has_credit(st, cx, k) {
+            self.out_of_credit(st, cx, k);
+            return Ok(Some(payload));
+        }
+        Self::not_starving(st, k);
+        let ep = &mut st.eps[k];
+        if ep.sq_used() + 2 >= ep.sq_depth {
+            return Ok(Some(payload));
+        }
+        let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
+        // Inline only what fits the peer's receive buffers (its eager limit may be below
+        // our inline threshold).
+        if len <= self.inline_max && len < eager_limit {
+            self.send_inline(st, k, payload.bytes())?;
+            Ok(None)
+        } else if len < eager_limit {
+            self.send_eager(st, k, payload)
+        } else {
+            self.send_rndv(st, cx, k, payload)
+        }
+    }
+
+    /// Whether endpoint `k` may send a `len`-byte message at all.
+    fn check_sendable(&self, st: &State, k: usize, len: usize) -> Result<()> {
+        let Some(ep) = st.eps.get(k) else {
             return Err(Error::Disconnected(DisconnectCause::LocalClose));
         };
         if let Some(c) = ep.down_cause() {
@@ -91,127 +130,132 @@ impl Shared {
         if len > max {
             return Err(Error::MessageTooLarge { len, max });
         }
-        // Inside a send batch, small messages share packed frames.
-        if len <= self.inline_max
-            && cx.worker().batch_open()
-            && self.pack(st, cx, k, payload.bytes())?
-        {
-            return Ok(None);
-        }
-        // Any other send goes after the endpoint's packed frame, to keep the order.
-        if !self.flush_pack(st, k)? {
-            return Ok(Some(payload));
-        }
-        if !st.eps.contains(k) {
-            return Err(Error::Disconnected(DisconnectCause::LocalClose));
-        }
-        if !self.has_credit(st, cx, k) {
-            let ep = &mut st.eps[k];
-            // Out of credits. Usually the next grant is on its way; after STARVING_AFTER
-            // without one, tell the peer (once) that we wait (see `recall.rs`).
-            let now = Instant::now();
-            let waits_since = *ep.recall.starved_since.get_or_insert(now);
-            // Counted from when the last credit went: an endpoint that used it long ago
-            // (a server answering the next request) gets no grant unless it asks.
-            let since = ep
-                .recall
-                .emptied_at
-                .map_or(waits_since, |t| t.min(waits_since));
-            if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
-                ep.recall.starving = true;
-                super::recall::write_recall(st, k);
-                super::recall::lend_idle(self, st, cx, k);
-            }
-            return Ok(Some(payload));
-        }
-        Self::not_starving(st, k);
+        Ok(())
+    }
+
+    /// Endpoint `k` has no credit. Usually the next grant is on its way; after
+    /// `STARVING_AFTER` without one, the peer is told (once) that we wait (see `recall.rs`).
+    fn out_of_credit(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
         let ep = &mut st.eps[k];
-        if ep.sq_used() + 2 >= ep.sq_depth {
-            return Ok(Some(payload));
+        let now = Instant::now();
+        let waits_since = *ep.recall.starved_since.get_or_insert(now);
+        // Counted from when the last credit went: an endpoint that used it long ago (a
+        // server answering the next request) gets no grant unless it asks.
+        let since = ep
+            .recall
+            .emptied_at
+            .map_or(waits_since, |t| t.min(waits_since));
+        if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
+            ep.recall.starving = true;
+            super::recall::write_recall(st, k);
+            super::recall::lend_idle(self, st, cx, k);
         }
-        let eager_limit = self.cfg.rndv_threshold.min(ep.peer_eager_limit);
-        let mut hdr = Header {
-            kind: Kind::Data,
+    }
+
+    /// The header of the next message of `ep`, with the counters it piggybacks (which it
+    /// then has told the peer).
+    fn next_header(ep: &mut Ep, kind: Kind, len: usize) -> Header {
+        let h = Header {
+            kind,
             tag: ep.peer_tag,
-            grant: 0,
+            grant: ep.recv.advertise(),
             rndv_done: ep.rndv_in_done,
             len: len as u32,
             flags: 0,
         };
-        // Inline only what fits the peer's receive buffers (its eager limit may be below
-        // our inline threshold).
-        if len <= self.inline_max && len < eager_limit {
-            hdr.grant = ep.recv.advertise();
-            ep.rndv_in_adv = ep.rndv_in_done;
-            // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
-            // array on every send cost more than the rest of this path.
-            let mut small = [0u8; HEADER_LEN + SMALL_INLINE];
-            let mut large = Vec::new();
-            let frame: &mut [u8] = if len <= SMALL_INLINE {
-                &mut small[..HEADER_LEN + len]
-            } else {
-                large.resize(HEADER_LEN + len, 0);
-                &mut large
-            };
-            hdr.write(frame);
-            frame[HEADER_LEN..].copy_from_slice(payload.bytes());
-            spend_credit(ep);
-            post_on(
-                ep,
-                WrOpcode::Send,
-                PostData::Inline(frame),
-                Hold::None,
-                false,
-            )?;
-            st.stats.sent_inline += 1;
-            tracing::trace!(
-                endpoint = ep.id,
-                len,
-                "send: inline (payload copied into the work request)"
-            );
-            return Ok(None);
-        }
-        if len < eager_limit {
-            let mut b = match self.pool.try_alloc(HEADER_LEN + len) {
-                Ok(b) => b,
-                Err(Error::WouldBlock) => return Ok(Some(payload)),
-                Err(e) => return Err(e),
-            };
-            hdr.grant = ep.recv.advertise();
-            ep.rndv_in_adv = ep.rndv_in_done;
-            hdr.write(&mut b);
-            b[HEADER_LEN..].copy_from_slice(payload.bytes());
-            spend_credit(ep);
-            post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
-            st.stats.sent_eager += 1;
-            tracing::trace!(
-                endpoint = ep.id,
-                len,
-                "send: eager (copied into a pooled registered buffer)"
-            );
-            return Ok(None);
-        }
-        // Rendezvous: the peer reads the buffer, then reports it done. At most
-        // `rndv_window` may await their read; the one that fills the window asks the peer
-        // to signal the next read done, which wakes us if we then wait.
+        ep.rndv_in_adv = ep.rndv_in_done;
+        h
+    }
+
+    /// Sends `data` inline: copied into the work request, no buffer held.
+    fn send_inline(&self, st: &mut State, k: usize, data: &[u8]) -> Result<()> {
+        let len = data.len();
+        let ep = &mut st.eps[k];
+        let hdr = Self::next_header(ep, Kind::Data, len);
+        // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
+        // array on every send cost more than the rest of this path.
+        let mut small = [0u8; HEADER_LEN + SMALL_INLINE];
+        let mut large = Vec::new();
+        let frame: &mut [u8] = if len <= SMALL_INLINE {
+            &mut small[..HEADER_LEN + len]
+        } else {
+            large.resize(HEADER_LEN + len, 0);
+            &mut large
+        };
+        hdr.write(frame);
+        frame[HEADER_LEN..].copy_from_slice(data);
+        spend_credit(ep);
+        post_on(
+            ep,
+            WrOpcode::Send,
+            PostData::Inline(frame),
+            Hold::None,
+            false,
+        )?;
+        st.stats.sent_inline += 1;
+        tracing::trace!(
+            endpoint = ep.id,
+            len,
+            "send: inline (payload copied into the work request)"
+        );
+        Ok(())
+    }
+
+    /// Sends `payload` eagerly: copied into a pooled registered buffer, held until the send
+    /// completes. Hands the payload back when the pool has no buffer now.
+    fn send_eager<'a>(
+        &self,
+        st: &mut State,
+        k: usize,
+        payload: Payload<'a>,
+    ) -> Result<Option<Payload<'a>>> {
+        let len = payload.len();
+        let mut b = match self.pool.try_alloc(HEADER_LEN + len) {
+            Ok(b) => b,
+            Err(Error::WouldBlock) => return Ok(Some(payload)),
+            Err(e) => return Err(e),
+        };
+        let ep = &mut st.eps[k];
+        let hdr = Self::next_header(ep, Kind::Data, len);
+        hdr.write(&mut b);
+        b[HEADER_LEN..].copy_from_slice(payload.bytes());
+        spend_credit(ep);
+        post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+        st.stats.sent_eager += 1;
+        tracing::trace!(
+            endpoint = ep.id,
+            len,
+            "send: eager (copied into a pooled registered buffer)"
+        );
+        Ok(None)
+    }
+
+    /// Sends `payload` by rendezvous: the peer reads the buffer, then reports it done. At
+    /// most `rndv_window` may await their read; the one that fills the window asks the peer
+    /// to signal the next read done, which wakes us if we then wait. Hands the payload back
+    /// when the window is full or the pool has no buffer for a copy now.
+    fn send_rndv<'a>(
+        &self,
+        st: &mut State,
+        cx: &mut Cx<'_>,
+        k: usize,
+        payload: Payload<'a>,
+    ) -> Result<Option<Payload<'a>>> {
+        let len = payload.len();
         let window = self.cfg.rndv_window as usize;
-        if ep.rndv_out.len() >= window {
+        if st.eps[k].rndv_out.len() >= window {
             self.read_mailbox(st, cx, k);
             if st.eps[k].rndv_out.len() >= window {
                 return Ok(Some(payload));
             }
         }
-        let ep = &mut st.eps[k];
         let src = match payload {
             // Read in place: a buffer of this context's pool from a class the peer may read
             // (a buffer of another context's pool has keys the peer cannot use).
             Payload::Buf(b) if b.capacity() >= self.cfg.rndv_threshold && self.pool.owns(&b) => {
                 RndvSrc::Buf(b)
             }
-            Payload::Shared(b) => match self.regcache.register(&b) {
-                Ok(r) => RndvSrc::Shared(r),
-                Err(e) => return Err(e),
-            },
+            Payload::Shared(b) => RndvSrc::Shared(self.regcache.register(&b)?),
             // A copy, in a buffer the peer may read: from the classes at or above our own
             // threshold, also when the peer's lower eager limit made this a rendezvous.
             other => match self.pool.try_alloc(len.max(self.cfg.rndv_threshold)) {
@@ -228,12 +272,12 @@ impl Shared {
             RndvSrc::Buf(b) => (b.addr(), b.rkey().0),
             RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
         };
-        hdr.kind = Kind::Rts;
+        let zero_copy = matches!(src, RndvSrc::Shared(_));
+        let ep = &mut st.eps[k];
+        let mut hdr = Self::next_header(ep, Kind::Rts, len);
         if ep.rndv_out.len() + 1 >= window {
             hdr.flags |= Header::WAKE_ON_READ;
         }
-        hdr.grant = ep.recv.advertise();
-        ep.rndv_in_adv = ep.rndv_in_done;
         let mut frame = [0u8; RTS_LEN];
         hdr.write(&mut frame);
         RtsInfo {
@@ -250,18 +294,18 @@ impl Shared {
             false,
         )?;
         ep.rndv_out.push_back(src);
+        tracing::trace!(
+            endpoint = ep.id,
+            len,
+            "send: rendezvous (the peer RDMA-reads the buffer)"
+        );
         if !st.rndv_watch.contains(&k) {
             st.rndv_watch.push(k);
         }
         st.stats.sent_rndv += 1;
-        if matches!(st.eps[k].rndv_out.back(), Some(RndvSrc::Shared(_))) {
+        if zero_copy {
             st.stats.sent_zero_copy += 1;
         }
-        tracing::trace!(
-            endpoint = st.eps[k].id,
-            len,
-            "send: rendezvous (the peer RDMA-reads the buffer)"
-        );
         Ok(None)
     }
 
