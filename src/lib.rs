@@ -3,11 +3,13 @@
 //! A messaging middleware for RDMA networks. This facade crate re-exports the public API of the
 //! workspace crates:
 //!
-//! * the message layer at the top level: [`Context`] (device, shared receive queue, buffer
-//!   pool, progress, and [`Context::recv`] from any of its endpoints), [`Endpoint`] (ordered, exactly-once, flow-controlled messages and
-//!   one-sided operations), [`Message`], [`Buf`], [`SharedBytes`] (application memory sent
+//! * the message layer at the top level: [`Context`] (a worker — device, buffer pool,
+//!   progress — with its transports, and [`Context::recv`] from any of their endpoints),
+//!   [`Endpoint`] (ordered, exactly-once, flow-controlled messages and one-sided
+//!   operations), [`Message`], [`Buf`], [`SharedBytes`] (application memory sent
 //!   zero-copy through the registration cache), [`Node`] (XRC), [`Event`], [`Error`];
-//! * [`core`]: configuration, buffer pool, wire header, credits, bootstrap;
+//! * [`core`]: the worker and its `Transport` trait, configuration, buffer pool, frame
+//!   header, credits, bootstrap;
 //! * [`verbs`]: devices, protection domains, memory regions, completion queues and queue
 //!   pairs, on the built-in soft provider (a userspace RoCEv2 NIC over UDP) or, with the
 //!   `ibverbs` feature, real hardware through libibverbs.
@@ -28,9 +30,11 @@
 pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::TransportKind as Transport;
 pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
+mod context;
+
+pub use context::{Context, ContextBuilder, Listener};
 pub use rdmx_rc::{
-    Batch, Context, ContextBuilder, Endpoint, IntoBufError, Listener, LocalRegion, Message, Node,
-    RemoteRegion, Stats,
+    Batch, Endpoint, IntoBufError, LocalRegion, Message, Node, RcTransport, RemoteRegion, Stats,
 };
 pub use rdmx_verbs as verbs;
 pub use rdmx_verbs::SharedBytes;

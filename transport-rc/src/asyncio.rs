@@ -95,8 +95,7 @@ impl crate::Context {
     /// # Errors
     /// As [`Context::recv`](crate::Context::recv).
     pub async fn recv_async(&self) -> Result<Message> {
-        let w = &self.rc().w;
-        wait_async(w, |ws| w.take_any(ws).map(Ok)).await
+        self.worker().recv_async().await
     }
 }
 
@@ -152,7 +151,7 @@ impl crate::Listener {
                 error,
             })
         })?;
-        let ctx = self.ctx.clone();
+        let rc = self.rc.rc.clone();
         let exchanges = Arc::clone(&self.exchanges);
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel = CancelOnDrop(Arc::clone(&cancelled));
@@ -162,7 +161,7 @@ impl crate::Listener {
                     return Err(Error::Timeout(Duration::ZERO));
                 }
                 let until = Some(Instant::now() + ACCEPT_SLICE);
-                if let Some(ep) = crate::accept::accept_until(ctx.rc(), &tcp, &exchanges, until)? {
+                if let Some(ep) = crate::accept::accept_until(&rc, &tcp, &exchanges, until)? {
                     return Ok(ep);
                 }
             }

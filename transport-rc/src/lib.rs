@@ -39,10 +39,12 @@
 // 4. `setup`: queue pairs, registering and completing endpoints;
 // 5. `conn` and `xrc`: the RC and XRC exchanges (`conn` hands XRC contexts to `xrc`);
 // 6. `transport`: the `Transport` the worker drives;
-// 7. the handles: `endpoint`, `accept` (listener exchanges), `context`, `asyncio`.
+// 7. the handles: `endpoint`, `accept` (listener exchanges), `attach` (the transport as a
+//    worker's, and its listener), `context`, `asyncio`.
 mod accept;
 #[cfg(feature = "tokio")]
 mod asyncio;
+mod attach;
 mod conn;
 mod context;
 mod endpoint;
@@ -56,7 +58,8 @@ mod util;
 pub mod wire;
 mod xrc;
 
-pub use context::{Context, ContextBuilder, Listener, MAX_ENDPOINTS};
+pub use attach::{Listener, RcTransport};
+pub use context::{Context, ContextBuilder, ContextParts, FromParts, MAX_ENDPOINTS, open_worker};
 pub use endpoint::{Endpoint, LocalRegion, RemoteRegion};
 pub use node::Node;
 pub use rdmx_core::worker::{Batch, IntoBufError, MAX_EVENTS, Message};

@@ -147,6 +147,16 @@ impl Node {
         })
     }
 
+    /// The node's device (the contexts of the node run on it).
+    pub fn verbs_context(&self) -> &rdmx_verbs::Context {
+        &self.inner.vctx
+    }
+
+    /// The node's protection domain (the contexts of the node register in it).
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
     /// The node's random identifier (sent to peers).
     pub fn id(&self) -> u64 {
         self.inner.id

@@ -1,6 +1,6 @@
 //! What a context's RC transport is made of: its resources ([`Shared`], immutable and shared
 //! with the handles), its mutable state ([`State`], inside the worker's lock, in an
-//! [`RcTransport`]), and how handles reach both ([`RcRef`]). The bottom layer of the crate:
+//! [`Rc`]), and how handles reach both ([`RcRef`]). The bottom layer of the crate:
 //! it knows the per-endpoint state (`ep.rs`) and the XRC node (`node.rs`), nothing above.
 //!
 //! Everything mutable lives in one [`State`] behind the worker's one lock. Any thread that
@@ -37,11 +37,11 @@ pub(crate) const WATCH_SCAN: Duration = Duration::from_millis(10);
 /// Most endpoints a context can hold (one mailbox slot each).
 pub const MAX_ENDPOINTS: usize = 1 << 16;
 
-/// The RC transport's part of the worker's state: its shared resources and its mutable
-/// state, which only calls under the worker's lock touch (its `Transport` implementation is
-/// in `transport.rs`).
+/// The RC transport inside its worker: its shared resources and its mutable state, which
+/// only calls under the worker's lock touch (its `Transport` implementation is in
+/// `transport.rs`; applications reach it through `RcTransport`).
 #[derive(Debug)]
-pub(crate) struct RcTransport {
+pub(crate) struct Rc {
     pub(crate) sh: Arc<Shared>,
     pub(crate) st: State,
 }
@@ -241,7 +241,7 @@ impl RcRef {
         // The RC transport was added at `tid` when the context was made, and transports
         // are never removed (they go with the worker, which this handle keeps alive).
         let (t, core) = ws
-            .transport::<RcTransport>(self.sh.tid)
+            .transport::<Rc>(self.sh.tid)
             .expect("the RC transport of a context is in its worker");
         let mut cx = core.cx(&self.w, self.sh.tid);
         f(&self.sh, &mut t.st, &mut cx)

@@ -1,4 +1,4 @@
-//! The RC transport as the worker sees it ([`RcTransport`], which implements
+//! The RC transport as the worker sees it ([`Rc`], which implements
 //! `rdmx_core::worker::Transport`): its progress round, its timers (keepalives, the recall
 //! scans, packed frames held by send batches), device events, and received buffers coming
 //! back. How threads wait, and the background thread, are the worker's.
@@ -9,9 +9,9 @@ use rdmx_core::worker::{Cx, Message, Transport, WaitSlot};
 use rdmx_core::{Buf, Event};
 use rdmx_verbs::AsyncEvent;
 
-use crate::state::{RcTransport, Shared, State};
+use crate::state::{Rc, Shared, State};
 
-impl Transport for RcTransport {
+impl Transport for Rc {
     fn arm(&self) {
         self.sh.cq.req_notify(false);
     }

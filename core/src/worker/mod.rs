@@ -30,6 +30,7 @@
 //! Lock order: the worker lock comes before anything a transport locks inside its calls.
 //! Nothing here calls into a transport without the worker lock held.
 
+mod api;
 #[cfg(feature = "tokio")]
 mod async_timer;
 #[cfg(feature = "tokio")]
