@@ -13,7 +13,6 @@ use rdmx_core::worker::{Worker, WorkerHandle};
 use rdmx_core::{Config, Error, RegCacheStats, Result};
 use rdmx_verbs::{AccessFlags, SrqInitAttr};
 
-use crate::context::Context;
 use crate::endpoint::{Endpoint, LocalRegion};
 use crate::node::Node;
 use crate::state::{MAX_ENDPOINTS, Rc, RcRef, Shared, State, Stats};
@@ -293,11 +292,6 @@ impl Listener {
             Some(ep) => Ok(ep),
             None => Err(Error::Timeout(start.elapsed())),
         }
-    }
-
-    /// The context it belongs to (a new handle to it).
-    pub fn context(&self) -> Context {
-        Context::from_parts(self.handle.clone(), self.rc.clone())
     }
 
     /// The transport it makes endpoints of.

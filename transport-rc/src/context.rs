@@ -426,3 +426,10 @@ impl Context {
         self.worker().batch()
     }
 }
+
+impl Listener {
+    /// The context it belongs to (a new handle to it).
+    pub fn context(&self) -> Context {
+        Context::from_parts(self.handle.clone(), self.rc.clone())
+    }
+}

@@ -29,10 +29,7 @@ pub(crate) fn sq_depth(sh: &Shared) -> u32 {
 
 /// A random first packet sequence number.
 pub(crate) fn random_psn() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x5eed);
-    (h.finish() as u32) & 0x00ff_ffff
+    (rdmx_verbs::random_u64() as u32) & 0x00ff_ffff
 }
 
 pub(crate) fn create_qp(sh: &Shared) -> Result<QueuePair> {

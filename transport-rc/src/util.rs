@@ -19,15 +19,8 @@ pub(crate) fn far(from: Instant, t: Duration) -> Instant {
         .unwrap_or_else(|| from + Duration::from_secs(10 * 365 * 86_400))
 }
 
-/// A random identifier (contexts, XRC nodes, pauses).
+/// A random identifier (contexts, XRC nodes, pauses), from rdmx's one source of
+/// randomness (`rdmx_verbs::random_u64`).
 pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
+    rdmx_verbs::random_u64()
 }

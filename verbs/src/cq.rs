@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::device::Context;
 use crate::error::VerbsError;
-use crate::soft::driver::{self, ChannelInner};
+use crate::os::{ChannelInner, clock};
 use crate::types::WorkCompletion;
 
 /// How long a blocking wait polls before it sleeps (a wake-up costs ~25-30 us here).
@@ -58,7 +58,7 @@ impl CompletionChannel {
     /// # Errors
     /// `Io` when `poll(2)` fails.
     pub fn wait_spin(&self, timeout: Duration, spin: Duration) -> Result<bool, VerbsError> {
-        let start = driver::clock::monotonic();
+        let start = clock::monotonic();
         let spin = spin.min(timeout);
         let dev = self.ctx.dev();
         loop {
@@ -196,7 +196,7 @@ impl CompletionQueue {
         wc: &mut [WorkCompletion],
         timeout: Duration,
     ) -> Result<usize, VerbsError> {
-        let deadline = driver::clock::monotonic() + timeout;
+        let deadline = clock::monotonic() + timeout;
         loop {
             let n = self.poll(wc);
             if n > 0 {
@@ -207,11 +207,34 @@ impl CompletionQueue {
             if n > 0 {
                 return Ok(n);
             }
-            let now = driver::clock::monotonic();
+            let now = clock::monotonic();
             if now >= deadline {
                 return Ok(0);
             }
             self.inner.channel.wait(deadline - now)?;
         }
+    }
+}
+
+impl Context {
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    ///
+    /// # Errors
+    /// `Io` when the eventfd cannot be created.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel, VerbsError> {
+        CompletionChannel::new(self.clone())
+    }
+
+    /// Creates a completion queue of at least `cqe` entries (`ibv_create_cq`), signalling
+    /// `channel` when armed (a private channel is used when `None`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a size of 0 or above the device limit.
+    pub fn create_cq(
+        &self,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue, VerbsError> {
+        CompletionQueue::new(self.clone(), cqe, channel)
     }
 }

@@ -5,15 +5,13 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::error::VerbsError;
-use crate::pd::ProtectionDomain;
 use crate::provider::Provider;
 use crate::soft::driver::{self, Shared};
-use crate::soft::engine::{AsyncEvent, NicCounters};
 use crate::soft::fault::{FaultConfig, FaultStats};
 use crate::soft::{self};
 use crate::types::{DeviceAttr, Gid, PortAttr};
+use crate::vocab::{AsyncEvent, NicCounters};
 
 /// An RDMA device that can be opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,35 +180,6 @@ impl Context {
     /// `InvalidArgument` for a port that does not exist (or a hardware device).
     pub fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError> {
         self.dev().port_addr(port)
-    }
-
-    /// Allocates a protection domain (`ibv_alloc_pd`).
-    ///
-    /// # Errors
-    /// None today; reserved for resource limits.
-    pub fn alloc_pd(&self) -> Result<ProtectionDomain, VerbsError> {
-        ProtectionDomain::new(self.clone())
-    }
-
-    /// Creates a completion channel (`ibv_create_comp_channel`).
-    ///
-    /// # Errors
-    /// `Io` when the eventfd cannot be created.
-    pub fn create_comp_channel(&self) -> Result<CompletionChannel, VerbsError> {
-        CompletionChannel::new(self.clone())
-    }
-
-    /// Creates a completion queue of at least `cqe` entries (`ibv_create_cq`), signalling
-    /// `channel` when armed (a private channel is used when `None`).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a size of 0 or above the device limit.
-    pub fn create_cq(
-        &self,
-        cqe: usize,
-        channel: Option<&CompletionChannel>,
-    ) -> Result<CompletionQueue, VerbsError> {
-        CompletionQueue::new(self.clone(), cqe, channel)
     }
 
     /// Returns the next asynchronous event, waiting up to `timeout` (`ibv_get_async_event`).

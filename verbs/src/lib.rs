@@ -41,6 +41,7 @@ mod bytes;
 pub mod cq;
 pub mod device;
 pub mod error;
+pub mod grh;
 #[cfg(feature = "ibverbs")]
 mod ibv;
 pub mod pd;
@@ -52,18 +53,22 @@ pub mod wr;
 pub mod xrc;
 
 mod mem;
+pub mod os;
 mod provider;
+mod qp_state;
+pub mod vocab;
 
 pub use ah::AddressHandle;
 pub use bytes::SharedBytes;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions, PostBatch};
 pub use error::{PostError, VerbsError};
+pub use os::random_u64;
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
-pub use soft::engine::{AsyncEvent, NicCounters};
-pub use soft::fault::{FaultConfig, FaultStats};
+pub use soft::fault::FaultConfig;
 pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 pub use types::*;
+pub use vocab::{AsyncEvent, FaultStats, NicCounters};
 pub use wr::{RecvWr, SendWr, Sge, UdDest, WrOpcode};
 pub use xrc::XrcDomain;

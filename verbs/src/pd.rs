@@ -6,7 +6,6 @@ use crate::bytes::SharedBytes;
 use crate::device::Context;
 use crate::error::VerbsError;
 use crate::mem::RegisteredMemory;
-use crate::qp::{QpInitAttr, QueuePair};
 use crate::types::{AccessFlags, Lkey, Rkey};
 use crate::wr::Sge;
 
@@ -106,37 +105,6 @@ impl ProtectionDomain {
             VerbsError::InvalidArgument(format!("cannot register {len} shared bytes"))
         })?;
         self.register(mem, access)
-    }
-
-    /// Creates an address handle for UD sends (`ibv_create_ah`).
-    ///
-    /// # Errors
-    /// `InvalidAttribute` for a port or GID index that does not exist or an unspecified GID.
-    pub fn create_ah(
-        &self,
-        attr: &crate::types::AhAttr,
-    ) -> Result<crate::ah::AddressHandle, VerbsError> {
-        crate::ah::AddressHandle::new(self, attr)
-    }
-
-    /// Creates a shared receive queue (`ibv_create_srq`).
-    ///
-    /// # Errors
-    /// `InvalidAttribute` for sizes of 0 or above the device limits.
-    pub fn create_srq(
-        &self,
-        attr: &crate::srq::SrqInitAttr,
-    ) -> Result<crate::srq::SharedReceiveQueue, VerbsError> {
-        crate::srq::SharedReceiveQueue::new(self, attr)
-    }
-
-    /// Creates a queue pair (`ibv_create_qp`).
-    ///
-    /// # Errors
-    /// `Unsupported` for QP types this provider lacks, `InvalidAttribute` for capacities
-    /// above the device limits, `InvalidArgument` for CQs of another device.
-    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair, VerbsError> {
-        QueuePair::new(self, attr)
     }
 }
 
@@ -315,5 +283,15 @@ impl Drop for MemoryRegion {
         // Deregister before the memory can be freed; in-flight operations keep their own
         // reference to the bytes, so nothing writes into freed memory.
         self.pd.ctx.dev().dereg_mr(self.key);
+    }
+}
+
+impl Context {
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    ///
+    /// # Errors
+    /// None today; reserved for resource limits.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain, VerbsError> {
+        ProtectionDomain::new(self.clone())
     }
 }

@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
-use crate::soft::driver::ChannelInner;
-use crate::soft::engine::{AsyncEvent, NicCounters, QpConfig, SrqState};
-use crate::soft::fault::FaultStats;
+use crate::os::ChannelInner;
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, Qpn, WorkCompletion,
 };
+use crate::vocab::FaultStats;
+use crate::vocab::{AsyncEvent, NicCounters, QpConfig, SrqState};
 use crate::wr::{RecvWr, SendWr};
 
 /// Counters only the soft provider keeps.
@@ -69,7 +69,7 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     /// provider that needs a thread to move packets (soft) moves them on this one meanwhile.
     fn park(&self, fd: RawFd, timeout: std::time::Duration) -> std::io::Result<()> {
         self.release();
-        crate::soft::driver::sys::poll_readable(&[fd], Some(timeout)).map(|_| ())
+        crate::os::poll_readable(&[fd], Some(timeout)).map(|_| ())
     }
     /// The calling thread opens (`true`) or closes a post batch (see
     /// [`Context::batch_posts`](crate::Context::batch_posts)). Providers whose posts are

@@ -1,17 +1,16 @@
 //! Queue pairs.
 
-pub(crate) mod state;
-
 use std::sync::Arc;
 
 use crate::cq::{CompletionQueue, CqInner};
 use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::provider::Provider;
-use crate::soft::engine::QpConfig;
 use crate::srq::{SharedReceiveQueue, SrqInner};
 use crate::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
+use crate::vocab::QpConfig;
 use crate::wr::{RecvWr, SendWr};
+use crate::xrc::XrcDomain;
 
 /// Creation attributes (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
@@ -69,7 +68,7 @@ pub struct QueuePair {
     _send_cq: Option<Arc<CqInner>>,
     _recv_cq: Option<Arc<CqInner>>,
     _srq: Option<Arc<SrqInner>>,
-    _xrcd: Option<crate::xrc::XrcDomain>,
+    _xrcd: Option<XrcDomain>,
     /// The provider the QP lives on when it is not the PD's device (a target of a shared
     /// XRC domain hosted by another soft device).
     via: Option<Arc<dyn Provider>>,
@@ -200,7 +199,7 @@ fn modify_on(
     mask: QpAttrMask,
 ) -> Result<(), VerbsError> {
     if let Some(from) = dev.qp_state(qpn) {
-        state::check_modify(qp_type, from, attr, mask)?;
+        crate::qp_state::check_modify(qp_type, from, attr, mask)?;
     }
     dev.modify_qp(qpn, attr, mask)
 }
@@ -211,7 +210,7 @@ impl QueuePair {
     /// message names.
     pub(crate) fn new_xrc_target(
         pd: &ProtectionDomain,
-        xrcd: &crate::xrc::XrcDomain,
+        xrcd: &XrcDomain,
     ) -> Result<Self, VerbsError> {
         let ctx = &pd.inner.ctx;
         if !Arc::ptr_eq(&xrcd.ctx.inner, &ctx.inner) {
@@ -294,6 +293,27 @@ impl Drop for QueuePair {
     }
 }
 
+impl ProtectionDomain {
+    /// Creates a queue pair (`ibv_create_qp`).
+    ///
+    /// # Errors
+    /// `Unsupported` for QP types this provider lacks, `InvalidAttribute` for capacities
+    /// above the device limits, `InvalidArgument` for CQs of another device.
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair, VerbsError> {
+        QueuePair::new(self, attr)
+    }
+
+    /// Creates an XRC target QP in `xrcd` (`ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`).
+    /// Connect it to the remote initiator like an RC QP (it needs the RC receive-side
+    /// attributes); it has no send or receive queue of its own.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a domain of another device.
+    pub fn create_xrc_target_qp(&self, xrcd: &XrcDomain) -> Result<QueuePair, VerbsError> {
+        QueuePair::new_xrc_target(self, xrcd)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
@@ -304,9 +324,9 @@ mod tests {
 
     use super::*;
     use crate::mem::RegisteredMemory;
-    use crate::soft::driver::ChannelInner;
-    use crate::soft::engine::{AsyncEvent, SrqState};
+    use crate::os::ChannelInner;
     use crate::types::{AccessFlags, DeviceAttr, PortAttr, WorkCompletion};
+    use crate::vocab::{AsyncEvent, SrqState};
 
     const QPN: Qpn = Qpn(0x11);
 

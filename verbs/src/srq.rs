@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
+use crate::cq::CompletionQueue;
 use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::provider::Provider;
 use crate::wr::RecvWr;
+use crate::xrc::XrcDomain;
 
-pub use crate::soft::engine::SrqState as SrqAttr;
+pub use crate::vocab::SrqState as SrqAttr;
 
 /// Creation attributes of an SRQ (`struct ibv_srq_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +159,45 @@ impl SharedReceiveQueue {
 
     /// The SRQ's handle as it appears in `AsyncEvent::SrqLimitReached`.
     pub fn handle(&self) -> u32 {
+        self.inner.id
+    }
+}
+
+impl ProtectionDomain {
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    ///
+    /// # Errors
+    /// `InvalidAttribute` for sizes of 0 or above the device limits.
+    pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue, VerbsError> {
+        SharedReceiveQueue::new(self, attr)
+    }
+
+    /// Creates an XRC SRQ in `xrcd` (`ibv_create_srq_ex` with `IBV_SRQT_XRC`); its receive
+    /// completions go to `cq`. Give its [`SharedReceiveQueue::srq_num`] to senders.
+    ///
+    /// # Errors
+    /// `InvalidAttribute` for bad sizes, `InvalidArgument` for objects of another device.
+    pub fn create_xrc_srq(
+        &self,
+        xrcd: &XrcDomain,
+        cq: &CompletionQueue,
+        attr: &SrqInitAttr,
+    ) -> Result<SharedReceiveQueue, VerbsError> {
+        let ctx = self.context();
+        if !Arc::ptr_eq(&xrcd.ctx.inner, &ctx.inner)
+            || !Arc::ptr_eq(&cq.inner.ctx.inner, &ctx.inner)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "objects of another device".into(),
+            ));
+        }
+        SharedReceiveQueue::create_on(self, xrcd.dev(), Some((xrcd.id, cq.inner.id)), attr)
+    }
+}
+
+impl SharedReceiveQueue {
+    /// The 24-bit SRQ number senders name in `SendWr::to_srq` (`ibv_get_srq_num`).
+    pub fn srq_num(&self) -> u32 {
         self.inner.id
     }
 }

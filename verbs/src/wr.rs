@@ -143,16 +143,6 @@ impl<'a> SendWr<'a> {
         self
     }
 
-    /// Sets the UD destination (`wr.ud.ah`, `remote_qpn`, `remote_qkey`).
-    pub fn to(mut self, ah: &crate::ah::AddressHandle, remote_qpn: Qpn, remote_qkey: u32) -> Self {
-        self.ud = Some(UdDest {
-            ah: *ah.attr(),
-            remote_qpn,
-            remote_qkey,
-        });
-        self
-    }
-
     /// Names the remote XRC SRQ that receives this message (XRC initiator QPs).
     pub fn to_srq(mut self, srqn: u32) -> Self {
         self.remote_srqn = Some(srqn);

@@ -20,10 +20,7 @@ mod report;
 mod server;
 mod spec;
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, ValueEnum};
 use rdmx::verbs::{Context, Device};
@@ -394,15 +391,9 @@ pub(crate) fn open_device(name: Option<&str>) -> Result<Context> {
     Device::open(&name).with_ctx(|| format!("opening device {name}"))
 }
 
-/// A random 24-bit initial PSN (no RNG crate: std's randomly keyed hasher over the time).
+/// A random 24-bit initial PSN (from rdmx's one source of randomness).
 pub(crate) fn random_psn() -> u32 {
-    let mut h = RandomState::new().build_hasher();
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    h.write_u128(nanos);
-    h.write_u32(std::process::id());
-    (h.finish() as u32) & 0x00FF_FFFF
+    (rdmx::verbs::random_u64() as u32) & 0x00FF_FFFF
 }
 
 /// Seed of the data pattern the client sends.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{IbvDevice, Ptr, ffi, last_err};
 use crate::error::VerbsError;
-use crate::soft::driver::ChannelInner;
+use crate::os::ChannelInner;
 use crate::types::{Qpn, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 impl IbvDevice {

@@ -10,10 +10,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::{Ptr, ffi};
-use crate::soft::driver::ChannelInner;
-use crate::soft::driver::sys::{EventFd, poll_readable};
-use crate::soft::engine::AsyncEvent;
+use crate::os::ChannelInner;
+use crate::os::{EventFd, poll_readable};
 use crate::types::Qpn;
+use crate::vocab::AsyncEvent;
 
 /// How long the thread sleeps in `poll(2)` before it looks at the stop flag again.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);

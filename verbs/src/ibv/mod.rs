@@ -40,13 +40,13 @@ use parking_lot::Mutex;
 
 use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
+use crate::os::ChannelInner;
 use crate::provider::Provider;
-use crate::soft::driver::ChannelInner;
-use crate::soft::engine::{AsyncEvent, QpConfig, SrqState};
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, QpState,
     Qpn, WorkCompletion,
 };
+use crate::vocab::{AsyncEvent, QpConfig, SrqState};
 use crate::wr::{RecvWr, SendWr};
 use tables::{Ptr, QpEntry, Tables};
 

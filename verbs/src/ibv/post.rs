@@ -4,8 +4,8 @@
 
 use super::{IbvDevice, Ptr, QpEntry, ffi, io_err, last_err};
 use crate::error::{PostError, VerbsError};
-use crate::soft::engine::SrqState;
 use crate::types::{QpType, Qpn, SendFlags};
+use crate::vocab::SrqState;
 use crate::wr::{RecvWr, SendWr, Sge, WrOpcode};
 
 /// Handles of basic SRQs have this bit set (XRC SRQs use their 24-bit SRQ number).

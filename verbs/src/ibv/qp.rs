@@ -3,11 +3,11 @@
 
 use super::{IbvDevice, Ptr, QpEntry, ffi, io_err, last_err, mtu_from};
 use crate::error::VerbsError;
-use crate::qp::state;
-use crate::soft::engine::QpConfig;
+use crate::qp_state as state;
 use crate::types::{
     AccessFlags, AhAttr, Gid, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn,
 };
+use crate::vocab::QpConfig;
 
 fn raw_cap(c: &QpCap) -> ffi::ibv_qp_cap {
     ffi::ibv_qp_cap {

@@ -13,8 +13,8 @@ use std::os::raw::{c_int, c_void};
 use super::qp::cap_from;
 use super::{IbvDevice, Ptr, QpEntry, ffi, last_err};
 use crate::error::VerbsError;
-use crate::soft::engine::QpConfig;
 use crate::types::{QpType, Qpn};
+use crate::vocab::QpConfig;
 
 type CreateQpEx =
     unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp;

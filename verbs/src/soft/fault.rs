@@ -347,24 +347,7 @@ fn parse_duration(value: &str) -> Result<u64, FaultParseError> {
     n.checked_mul(scale).ok_or_else(invalid)
 }
 
-/// Counters of what a [`FaultInjector`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct FaultStats {
-    /// Frames offered to [`FaultInjector::handle_frame`].
-    pub seen: u64,
-    /// Frames discarded.
-    pub dropped: u64,
-    /// Frames delivered twice (each counts once here).
-    pub duplicated: u64,
-    /// Frames held back for reordering.
-    pub reordered: u64,
-    /// Frames with one bit flipped, counted as delivered: a corrupted frame that is also
-    /// duplicated counts twice (both copies fail the ICRC).
-    pub corrupted: u64,
-    /// Frames delayed by `delay_ns`.
-    pub delayed: u64,
-}
+pub use crate::vocab::FaultStats;
 
 /// SplitMix64: a tiny, fast generator whose whole state is one `u64`; good enough to decide
 /// faults, and trivially reproducible from a seed.

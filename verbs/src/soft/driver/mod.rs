@@ -14,26 +14,9 @@ mod rx;
 pub(crate) mod sys;
 mod tx;
 
-/// The only place the soft provider reads clocks: the engine is sans-I/O and takes `now`
-/// as an argument (clippy.toml bans the clock calls everywhere else).
-pub(crate) mod clock {
-    use std::time::{Instant, SystemTime};
-
-    /// Monotonic time, for the engine and for bounded waits.
-    #[expect(clippy::disallowed_methods, reason = "the driver owns the clock")]
-    pub(crate) fn monotonic() -> Instant {
-        Instant::now()
-    }
-
-    /// Wall-clock time, for capture timestamps.
-    #[expect(clippy::disallowed_methods, reason = "the driver owns the clock")]
-    pub(crate) fn wall() -> SystemTime {
-        SystemTime::now()
-    }
-}
+pub(crate) use crate::os::clock;
 
 use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,25 +46,7 @@ const RX_BUF: usize = 65_536 + 1024;
 /// Socket buffer size requested (bytes).
 const SOCKET_BUFFER: i32 = 16 << 20;
 
-/// Wake-up state of one completion channel.
-#[derive(Debug)]
-pub(crate) struct ChannelInner {
-    pub(crate) fd: EventFd,
-    /// CQs whose notification fired and were not yet returned by `get_cq_event`.
-    pub(crate) ready: Mutex<VecDeque<u32>>,
-    /// `CompletionChannel::interrupt` was called and no wait has returned for it yet.
-    pub(crate) interrupted: AtomicBool,
-}
-
-impl ChannelInner {
-    pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self {
-            fd: EventFd::new()?,
-            ready: Mutex::new(VecDeque::new()),
-            interrupted: AtomicBool::new(false),
-        })
-    }
-}
+pub(crate) use crate::os::ChannelInner;
 
 /// A running soft device.
 #[derive(Debug)]

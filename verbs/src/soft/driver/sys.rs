@@ -1,96 +1,11 @@
-//! The few Linux calls the driver needs that std and socket2 do not offer: eventfd, poll and
-//! `IP_MTU_DISCOVER`.
+//! The few Linux calls the driver needs that std and socket2 do not offer (socket options,
+//! batched and GSO sends and receives); eventfd, poll and randomness are in `crate::os`.
 #![allow(unsafe_code)]
 
+pub(crate) use crate::os::{EventFd, poll_readable, random_u64};
+
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
-
-/// A non-blocking eventfd used as a wake-up signal.
-#[derive(Debug)]
-pub(crate) struct EventFd {
-    fd: OwnedFd,
-}
-
-impl EventFd {
-    pub(crate) fn new() -> io::Result<Self> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own exclusively.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Self { fd })
-    }
-
-    /// Makes the fd readable (wakes a `poll` on it).
-    pub(crate) fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own fd; errors (counter overflow,
-        // EAGAIN) only mean it is already signalled.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&raw const one).cast::<libc::c_void>(),
-                8,
-            )
-        };
-    }
-
-    /// Clears the signal; returns true when it was set.
-    pub(crate) fn drain(&self) -> bool {
-        let mut v: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a live u64 from our own non-blocking fd.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast::<libc::c_void>(), 8) };
-        n == 8
-    }
-
-    pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
-
-/// Waits until one of `fds` is readable or `timeout` passes (`None` = forever). Returns the
-/// readiness of each fd.
-pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `pfds` is a live, correctly sized array of pollfd and `tsp` is null or points
-    // at a live timespec for the duration of the call; no signal mask is passed.
-    let n = unsafe {
-        libc::ppoll(
-            pfds.as_mut_ptr(),
-            pfds.len() as libc::nfds_t,
-            tsp,
-            std::ptr::null(),
-        )
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; fds.len()]);
-        }
-        return Err(e);
-    }
-    Ok(pfds
-        .iter()
-        .map(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0)
-        .collect())
-}
+use std::os::fd::RawFd;
 
 /// Sets an integer socket option.
 fn setsockopt_int(
@@ -143,22 +58,6 @@ pub(crate) fn set_buffers(fd: RawFd, bytes: i32) {
     }
     if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, bytes).is_err() {
         let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes);
-    }
-}
-
-/// Random bytes from the kernel, for seeds.
-pub(crate) fn random_u64() -> u64 {
-    let mut v: u64 = 0;
-    // SAFETY: getrandom writes at most 8 bytes into a live u64.
-    let n = unsafe { libc::getrandom((&raw mut v).cast::<libc::c_void>(), 8, 0) };
-    if n == 8 {
-        v
-    } else {
-        // Fall back to the address-space layout and time; only used as a PRNG seed.
-        let t = std::time::SystemTime::UNIX_EPOCH
-            .elapsed()
-            .map_or(0, |d| d.as_nanos() as u64);
-        t ^ (&raw const v as usize as u64).rotate_left(32)
     }
 }
 

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use super::{AsyncEvent, InlineBytes, OneOrMany, Payload, Resources, Transmit};
 use crate::error::{PostError, VerbsError};
-use crate::qp::state;
+use crate::qp_state as state;
 use crate::soft::wire::{IcrcPath, PacketHeaders, ROCE_UDP_PORT, Transport, finish_packet};
 use crate::types::{
     AccessFlags, MigState, Psn, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Qpn, SendFlags,

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::error::PostError;
-use crate::soft::engine::QpConfig;
+use crate::vocab::QpConfig;
 
 const MS: u64 = 1_000_000;
 

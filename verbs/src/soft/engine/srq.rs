@@ -8,6 +8,7 @@ use super::qp::{Qp, RecvWqe};
 use super::{AsyncEvent, Nic, Resources};
 use crate::error::{PostError, VerbsError};
 use crate::types::{QpState, QpType, WcOpcode, WcStatus};
+use crate::vocab::SrqState;
 use crate::wr::RecvWr;
 
 /// Largest SRQ depth.
@@ -26,24 +27,6 @@ pub(crate) struct Srq {
     pub(crate) limit: u32,
     /// XRC SRQ: its XRC domain and the CQ its receive completions go to.
     pub(crate) xrc: Option<(u32, u32)>,
-}
-
-/// SRQ attributes as reported by `query_srq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SrqState {
-    /// Queue depth.
-    pub max_wr: u32,
-    /// SGEs per receive.
-    pub max_sge: u32,
-    /// Armed limit (0 once the limit event fired, until re-armed).
-    pub srq_limit: u32,
-    /// Receive WQEs currently posted and not yet taken by a message; `None` when the
-    /// provider cannot tell. libibverbs has no way to ask (`ibv_query_srq` reports only
-    /// `max_wr`, `max_sge` and the limit), and counting posts against polled completions
-    /// would be wrong: a WQE leaves the SRQ when the NIC takes it, not when its completion
-    /// is polled, and an XRC completion does not say which SRQ it came from. So the soft
-    /// provider reports `Some`, the libibverbs provider `None`.
-    pub posted: Option<u32>,
 }
 
 impl Nic {

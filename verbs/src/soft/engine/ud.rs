@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::qp::{Qp, WqeKind};
 use super::{Nic, Resources, Transmit, scatter};
-use crate::ah::{GRH_LEN, build_grh};
 use crate::error::{PostError, VerbsError};
+use crate::grh::{GRH_LEN, build_grh};
 use crate::soft::wire::{BthRepr, DethRepr, IcrcPath, Opcode, PacketHeaders, ROCE_UDP_PORT};
 use crate::types::{
     Gid, QpState, QpType, Qpn, SendFlags, WcFlags, WcOpcode, WcStatus, WorkCompletion,

@@ -20,10 +20,10 @@ use crate::mem::RegisteredMemory;
 use crate::provider::Provider;
 use crate::soft::driver::sys::{self, EventFd};
 use crate::soft::driver::{ChannelInner, Shared};
-use crate::soft::engine::{AsyncEvent, QpConfig, SrqState};
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, QpType, Qpn, WorkCompletion,
 };
+use crate::vocab::{AsyncEvent, QpConfig, SrqState};
 use crate::wr::{RecvWr, SendWr};
 
 /// How long a request may wait for the host's answer.

@@ -42,8 +42,8 @@ pub(crate) use host::Host;
 
 use super::driver::Shared;
 use crate::error::VerbsError;
-use crate::soft::engine::AsyncEvent;
 use crate::types::WorkCompletion;
+use crate::vocab::AsyncEvent;
 
 /// The shared domains a device hosts or is a member of.
 #[derive(Debug, Default)]

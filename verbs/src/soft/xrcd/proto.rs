@@ -4,11 +4,11 @@
 //! the receiving side drops the connection then.
 
 use crate::error::{PostError, VerbsError};
-use crate::soft::engine::{AsyncEvent, SrqState};
 use crate::types::{
     AccessFlags, AhAttr, Gid, MigState, Mtu, QpAttr, QpAttrMask, QpCap, QpState, Qpn, WcFlags,
     WcOpcode, WcStatus, WorkCompletion,
 };
+use crate::vocab::{AsyncEvent, SrqState};
 use crate::wr::Sge;
 
 /// Protocol version, checked in the first exchange.
