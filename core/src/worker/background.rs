@@ -56,16 +56,15 @@ pub(super) fn run(w: &Worker) {
             }
             let now = Instant::now();
             st.each(w, |t, cx| t.handle_timer(cx, now));
-            let mut until = st
+            // (A transport's watch is for sleeping application threads; what the background
+            // thread must look at, it says with its timers.)
+            let until = st
                 .transports
                 .iter()
                 .filter_map(|t| t.next_timer())
                 .min()
                 .unwrap_or(now + MAX_SLEEP)
                 .min(now + MAX_SLEEP);
-            if let Some(watch) = Worker::watch(&st) {
-                until = until.min(now + watch);
-            }
             // While application threads sleep on the channel (see `wait::Leader`), ours is
             // only the timers.
             if let Some((t, long)) = background_sleep(&st, now, until) {

@@ -95,8 +95,8 @@ pub trait Transport: Any + Send + fmt::Debug {
     fn handle_timer(&mut self, cx: &mut Cx<'_>, now: Instant);
 
     /// While `Some(d)`: something no completion announces may need a look (credits an idle
-    /// peer holds, say), and one sleeping thread at a time wakes every `d` to make
-    /// progress.
+    /// peer holds, say), and one sleeping application thread at a time wakes every `d` to
+    /// make progress. (The background thread wakes at [`next_timer`](Self::next_timer).)
     fn watch(&self) -> Option<Duration> {
         None
     }
