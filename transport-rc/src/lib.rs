@@ -1,16 +1,16 @@
 //! # rdmx-rc
 //!
-//! Reliable-connected endpoints over the verbs API: a [`Context`] owns the device, one
-//! shared receive queue for every endpoint, the registered buffer pool and the progress
-//! engine; an [`Endpoint`] is one RC queue pair to a peer, with credit flow control and three
-//! send protocols chosen by size (inline, eager, rendezvous).
+//! Reliable-connected (and XRC) endpoints over the verbs API, as a transport of an
+//! `rdmx_core::worker::Worker`: [`RcTransport`] attaches to a worker one completion queue
+//! and shared receive queue for every endpoint, and the mailbox region peers write credits
+//! into; an [`Endpoint`] is one RC queue pair (or a share of an XRC initiator) to a peer,
+//! with credit flow control and three send protocols chosen by size (inline, eager,
+//! rendezvous). The worker runs its progress (`Transport` in `transport.rs`), waits and
+//! background thread.
 //!
-//! DESIGN.md places the context in `rdmx-core`. It lives here instead: the context's progress
-//! engine routes every completion to an endpoint, so it has to know the endpoint protocol,
-//! and putting it in core would either pull the RC transport into core or need a transport
-//! trait object on the hottest path. Core keeps what is transport-independent (configuration,
-//! buffer pool, header, credits, bootstrap); a UD transport will get its own context type or
-//! a trait once it exists, decided with two real implementations in hand.
+//! [`Context`] is the RC-only context (a worker with this transport), which this crate's own
+//! tests use; applications use the `rdmx` facade's, which composes the worker with every
+//! transport.
 //!
 //! ```no_run
 //! use rdmx_rc::Context;
