@@ -106,6 +106,13 @@ impl Registered {
         self.mr.lkey()
     }
 
+    /// An SGE for the whole view: the registration is read-only (the NIC may only read the
+    /// bytes, which are immutable while shared), so naming it races with nothing.
+    pub fn sge(&self) -> rdmx_verbs::Sge {
+        let off = usize::try_from(self.addr() - self.mr.addr()).unwrap_or(usize::MAX);
+        self.mr.sge(off, self.len())
+    }
+
     /// The remote key of the covering registration (peers may only read with it).
     pub fn rkey(&self) -> Rkey {
         self.mr.rkey()

@@ -37,52 +37,52 @@ impl RcTransport {
     /// `Verbs` when a resource cannot be created.
     pub fn attach(w: &Worker, cfg: &Config, node: Option<&Node>) -> Result<Self> {
         let mut cfg = cfg.clone();
-        let vctx = w.verbs_context().clone();
-        let pd = w.pd().clone();
-        let pool = w.pool().clone();
-        let dev = vctx.query_device();
-        let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);
-        let cq = vctx.create_cq(cqe, Some(w.channel()))?;
-        let srq_attr = SrqInitAttr {
-            max_wr: cfg.srq_depth,
-            max_sge: 1,
-            srq_limit: (cfg.srq_depth / 4).max(1),
-        };
-        let srq = match &node {
-            Some(n) => pd.create_xrc_srq(&n.inner.xrcd, &cq, &srq_attr)?,
-            None => pd.create_srq(&srq_attr)?,
-        };
-        let mailbox = pd.reg_mr(
-            MAX_ENDPOINTS * MAILBOX_LEN,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )?;
-        let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
-            .min(dev.max_inline_data.max(RTS_LEN as u32));
-        let inline_max = cfg
-            .inline_threshold
-            .min((max_inline_data as usize).saturating_sub(HEADER_LEN));
-        // What `config()` reports is what applies: the inline threshold as the device caps
-        // it, and the largest message as the pool can hold one beside the receive buffers
-        // (which stay posted for the context's life). A bigger message could never be
-        // received: its rendezvous read would wait for a buffer for ever.
-        cfg.inline_threshold = inline_max;
-        pool.reserve(pool.footprint_of(cfg.srq_depth as usize, cfg.recv_buf_size()));
-        let largest = pool.largest();
-        if cfg.max_message > largest {
-            tracing::info!(
-                max_message = cfg.max_message,
-                largest,
-                pool_max = cfg.pool_max,
-                "max_message lowered to the largest buffer the pool can hold beside the \
-                 receive buffers"
-            );
-            cfg.max_message = largest;
-        }
-        let port = vctx.query_port(1)?;
-        let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
-        let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
         let mut made = None;
-        w.add_transport(|tid| {
+        w.add_transport(|tid, post_key| {
+            let pd = w.pd(post_key).clone();
+            let vctx = w.verbs_context().clone();
+            let pool = w.pool().clone();
+            let dev = vctx.query_device();
+            let cqe = (cfg.srq_depth as usize * 2 + 64 * 1024).min(dev.max_cqe.max(1) as usize);
+            let cq = vctx.create_cq(cqe, Some(w.channel()))?;
+            let srq_attr = SrqInitAttr {
+                max_wr: cfg.srq_depth,
+                max_sge: 1,
+                srq_limit: (cfg.srq_depth / 4).max(1),
+            };
+            let srq = match &node {
+                Some(n) => pd.create_xrc_srq(&n.inner.xrcd, &cq, &srq_attr)?,
+                None => pd.create_srq(&srq_attr)?,
+            };
+            let mailbox = pd.reg_mr(
+                MAX_ENDPOINTS * MAILBOX_LEN,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )?;
+            let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
+                .min(dev.max_inline_data.max(RTS_LEN as u32));
+            let inline_max = cfg
+                .inline_threshold
+                .min((max_inline_data as usize).saturating_sub(HEADER_LEN));
+            // What `config()` reports is what applies: the inline threshold as the device caps
+            // it, and the largest message as the pool can hold one beside the receive buffers
+            // (which stay posted for the context's life). A bigger message could never be
+            // received: its rendezvous read would wait for a buffer for ever.
+            cfg.inline_threshold = inline_max;
+            pool.reserve(pool.footprint_of(cfg.srq_depth as usize, cfg.recv_buf_size()));
+            let largest = pool.largest();
+            if cfg.max_message > largest {
+                tracing::info!(
+                    max_message = cfg.max_message,
+                    largest,
+                    pool_max = cfg.pool_max,
+                    "max_message lowered to the largest buffer the pool can hold beside the \
+                     receive buffers"
+                );
+                cfg.max_message = largest;
+            }
+            let port = vctx.query_port(1)?;
+            let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
+            let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
             let st = State::new(&cfg);
             let shared = Arc::new(Shared {
                 vctx,
@@ -102,6 +102,7 @@ impl RcTransport {
                 xrc_lock: Mutex::new(()),
                 batch_posts,
                 context_id: random_u64(),
+                post_key,
                 cfg,
             });
             made = Some(shared.clone());

@@ -220,7 +220,7 @@ pub fn open_worker(
         (TransportKind::Rc, _) => None,
     };
     let w = match &node {
-        Some(n) => Worker::over(cfg, n.verbs_context().clone(), n.pd().clone(), recv_classes)?,
+        Some(n) => Worker::over(cfg, n.inner.vctx.clone(), n.inner.pd.clone(), recv_classes)?,
         None => Worker::open(cfg, options, recv_classes)?,
     };
     Ok((w, node))

@@ -279,6 +279,22 @@ impl Ep {
         self.recv.outstanding()
     }
 
+    /// Work requests still name buffers this endpoint holds (sends and one-sided
+    /// operations that hold a buffer, rendezvous reads under way).
+    pub(crate) fn lends_buffers_to_the_nic(&self) -> bool {
+        self.inflight.iter().any(|(_, h)| !matches!(h, Hold::None))
+            || self.inbox.iter().any(|i| {
+                matches!(
+                    i,
+                    Inbound::Rndv {
+                        posted: true,
+                        done: false,
+                        ..
+                    }
+                )
+            })
+    }
+
     pub(crate) fn is_open(&self) -> bool {
         self.status == Status::Open
     }

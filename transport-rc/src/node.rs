@@ -152,11 +152,6 @@ impl Node {
         &self.inner.vctx
     }
 
-    /// The node's protection domain (the contexts of the node register in it).
-    pub fn pd(&self) -> &ProtectionDomain {
-        &self.inner.pd
-    }
-
     /// The node's random identifier (sent to peers).
     pub fn id(&self) -> u64 {
         self.inner.id

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_core::credit::Budget;
-use rdmx_core::pool::BufferPool;
+use rdmx_core::pool::{BufferPool, PostKey};
 use rdmx_core::regcache::RegCache;
 use rdmx_core::worker::{Cx, TransportId, Wait, Worker, WorkerState};
 use rdmx_core::{Buf, Config};
@@ -214,6 +214,9 @@ pub(crate) struct Shared {
     /// XRC: one connection exchange at a time per context (they share initiators).
     pub(crate) xrc_lock: Mutex<()>,
     pub(crate) context_id: u64,
+    /// The right to post pool buffers (see the safety contract of `Transport`, which
+    /// `transport.rs` implements).
+    pub(crate) post_key: PostKey,
 }
 
 /// An RC transport as its handles (context, endpoints, listener) reach it: the worker it

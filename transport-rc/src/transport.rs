@@ -11,7 +11,22 @@ use rdmx_verbs::AsyncEvent;
 
 use crate::state::{Rc, Shared, State};
 
-impl Transport for Rc {
+#[expect(
+    unsafe_code,
+    reason = "implementing `Transport` vouches for the posting rules below"
+)]
+// SAFETY: rdmx-rc names a pool buffer in a work request, or offers it to a peer, only once it
+// has moved into the transport's tables, out of the application's reach: receive buffers
+// live in `State::recv_slots` while posted; a send's buffer in its endpoint's `inflight`
+// (`Hold::Buf`, `Hold::Op`) until the work request's own completion (every work request
+// that holds a buffer is signaled) or its flush; a rendezvous destination in the inbox
+// (`Inbound::Rndv`) until its read completes; a rendezvous source in `rndv_out` until the
+// peer reports it read (a peer reading it later is issue 22's: memory windows). Buffers
+// still named when an endpoint goes down stay until their flush completion or the queue
+// pair's destruction (`Shared::fail`, `Shared::remove`); an endpoint on a shared XRC
+// initiator, which outlives it, is removed only once no work names its buffers
+// (`Ep::lends_buffers_to_the_nic`). The key never leaves `Shared`.
+unsafe impl Transport for Rc {
     fn arm(&self) {
         self.sh.cq.req_notify(false);
     }

@@ -4,21 +4,63 @@
 //! `struct ibv_sge`. Posting one is always memory-safe: the provider resolves the key in its
 //! memory table when it executes the request, and a key that no longer names a registered
 //! region (or a range outside it) completes with `LocProtErr` instead of touching freed memory.
-//! The bytes themselves are only accessed through atomic copies (see `MemoryRegion`), so an
-//! application that rewrites a buffer while a send is in flight gets mixed contents, as on
-//! hardware, never undefined behaviour.
+//!
+//! An `Sge` cannot be made from an address and a key: only from a [`MemoryRegion`], whose
+//! bytes are only ever accessed through atomic copies (an application that rewrites a buffer
+//! while a send is in flight gets mixed contents, as on hardware, never undefined behaviour),
+//! or by the owner of memory that hands out plain views of it (rdmx-core's buffer pool, which
+//! makes the `Sge` of a buffer only for the transports that post it, once the application
+//! can no longer reach the buffer).
+//!
+//! [`MemoryRegion`]: crate::MemoryRegion
 
 use crate::types::{AhAttr, Lkey, Qpn, Rkey, SendFlags};
 
-/// A scatter/gather element (`struct ibv_sge`).
+/// A scatter/gather element (`struct ibv_sge`). Made by [`MemoryRegion::sge`]
+/// (see the module docs for why it cannot be made from an address and a key).
+///
+/// ```compile_fail
+/// // Naming memory by address and key would let safe code post bytes it is writing.
+/// let sge = rdmx_verbs::Sge { addr: 0x1000, length: 8, lkey: rdmx_verbs::Lkey(7) };
+/// ```
+///
+/// [`MemoryRegion::sge`]: crate::MemoryRegion::sge
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
     /// Virtual address of the first byte (inside a memory region).
-    pub addr: u64,
+    pub(crate) addr: u64,
     /// Length in bytes.
-    pub length: u32,
+    pub(crate) length: u32,
     /// The memory region's local key.
-    pub lkey: Lkey,
+    pub(crate) lkey: Lkey,
+}
+
+impl Sge {
+    /// Virtual address of the first byte (inside a memory region).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn length(&self) -> u32 {
+        self.length
+    }
+
+    /// The memory region's local key.
+    pub fn lkey(&self) -> Lkey {
+        self.lkey
+    }
+
+    /// The first `len` bytes from `off` of this element (clamped to it): a narrower view of
+    /// the same memory.
+    pub fn narrow(&self, off: u32, len: u32) -> Self {
+        let off = off.min(self.length);
+        Self {
+            addr: self.addr.wrapping_add(u64::from(off)),
+            length: len.min(self.length - off),
+            lkey: self.lkey,
+        }
+    }
 }
 
 /// What a send work request does (`ibv_wr_opcode` plus its operands).

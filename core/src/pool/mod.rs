@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use rdmx_verbs::{AccessFlags, Lkey, ProtectionDomain, Rkey, Sge};
+use rdmx_verbs::{AccessFlags, ProtectionDomain, Rkey, Sge};
 
 use crate::error::{Error, Result};
 use raw::Chunk;
@@ -30,6 +30,34 @@ pub const MAX_CLASS: usize = 4 << 20;
 const CHUNK_TARGET: usize = 2 << 20;
 /// At most this many slots per chunk.
 const MAX_SLOTS: usize = 64;
+
+/// The right to name a pool buffer's bytes in a work request, or to offer them to a peer
+/// (its [`Buf::sge`], [`Buf::rkey`]).
+///
+/// A [`Buf`] hands out plain `&[u8]` / `&mut [u8]` views of registered memory, which the NIC
+/// reads and writes on its own while a work request names it: posting a buffer the
+/// application can still reach would be a data race. So only a transport gets this key (a
+/// [`Worker`](crate::Worker) hands it to each transport it adds), and a transport promises,
+/// by implementing the `unsafe` trait [`Transport`](crate::worker::Transport), to name a
+/// buffer only once the application can no longer reach it, and to hand it back only after
+/// the work request has completed or been flushed. The application never holds one:
+///
+/// ```compile_fail
+/// # fn f(pool: &rdmx_core::BufferPool, qp: &rdmx_verbs::QueuePair) -> rdmx_core::Result<()> {
+/// let mut buf = pool.try_alloc(4096)?;
+/// qp.post_recv(&rdmx_verbs::RecvWr::new(1, &[buf.sge()]))?; // needs a PostKey
+/// buf[0] = 1; // the NIC may write these bytes at the same time
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct PostKey(());
+
+impl PostKey {
+    /// Made by the worker only.
+    pub(crate) fn new() -> Self {
+        Self(())
+    }
+}
 
 /// How a pool is sized.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -422,26 +450,24 @@ impl Buf {
         self.chunk.mr.addr() + self.offset as u64
     }
 
-    /// Local key of the memory region holding the buffer.
-    pub fn lkey(&self) -> Lkey {
-        self.chunk.mr.lkey()
-    }
-
-    /// Remote key of the memory region (meaningful for buffers registered with remote read).
-    pub fn rkey(&self) -> Rkey {
+    /// Remote key of the memory region (meaningful for buffers registered with remote
+    /// read), for a transport that offers the buffer to a peer (see [`PostKey`]).
+    pub fn rkey(&self, _: PostKey) -> Rkey {
         self.chunk.mr.rkey()
     }
 
-    /// An SGE for `len` bytes starting `off` bytes into the buffer (clamped to the capacity).
-    pub fn sge_at(&self, off: usize, len: usize) -> Sge {
+    /// An SGE for `len` bytes starting `off` bytes into the buffer (clamped to the
+    /// capacity), for a transport that posts the buffer (see [`PostKey`]).
+    pub fn sge_at(&self, _: PostKey, off: usize, len: usize) -> Sge {
         let off = off.min(self.cap);
         let len = len.min(self.cap - off);
         self.chunk.mr.sge(self.offset + off, len)
     }
 
-    /// An SGE for the first `len()` bytes.
-    pub fn sge(&self) -> Sge {
-        self.sge_at(0, self.len)
+    /// An SGE for the first `len()` bytes, for a transport that posts the buffer (see
+    /// [`PostKey`]).
+    pub fn sge(&self, key: PostKey) -> Sge {
+        self.sge_at(key, 0, self.len)
     }
 }
 

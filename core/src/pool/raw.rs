@@ -11,13 +11,14 @@
 //! 2. **Lifetime.** A `Buf` holds an `Arc` of its chunk, which owns the `MemoryRegion`, whose
 //!    memory stays allocated while the region lives (the verbs layer additionally keeps it
 //!    alive while an in-flight operation names it).
-//! 3. **No local NIC access while viewed.** rdmx-rc never posts a work request naming a
-//!    `Buf`'s bytes while the application can reach that `Buf`: a `Buf` handed to
-//!    `send_buf` or posted as a receive buffer moves into the endpoint's or the context's
-//!    tables and is handed out again (or dropped) only after the work request has completed
-//!    or been flushed, and the completion is observed under the context lock, which orders
-//!    the NIC's writes before the application's reads. The context's protection domain is
-//!    private, so the application cannot post its own work requests on pool memory.
+//! 3. **No local NIC access while viewed.** A work request can name a `Buf`'s bytes only
+//!    through its `sge` (a verbs `Sge` cannot be made from an address and a key), which
+//!    takes a [`PostKey`](super::PostKey): only transports get one, and a transport
+//!    implements the `unsafe` trait `worker::Transport`, whose contract is to post a `Buf`
+//!    only once the application can no longer reach it and to hand it back only after the
+//!    work request has completed or been flushed (or its queue pair was destroyed). The
+//!    completion is observed under the worker's lock, which orders the NIC's writes before
+//!    the application's reads. Misuses are compile-fail tests (`tests/compile-fail/`).
 //! 4. **Remote access.** Pool chunks are registered with `LOCAL_WRITE` only, except the
 //!    size classes at or above the rendezvous threshold, which add `REMOTE_READ` so a peer
 //!    can read a rendezvous message. A peer only learns a remote key from a rendezvous

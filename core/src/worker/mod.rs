@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rdmx_verbs::{AsyncEvent, CompletionChannel, DeviceOptions, ProtectionDomain};
 
-use crate::pool::{BufferPool, PoolConfig};
+use crate::pool::{BufferPool, PoolConfig, PostKey};
 use crate::{Buf, Config, Error, Event, Result};
 
 #[cfg(feature = "tokio")]
@@ -74,7 +74,25 @@ impl TransportId {
 
 /// What a transport does for the worker. Every method runs with the worker's lock held, so
 /// it must not block; each gets a [`Cx`] for the worker's side of the state.
-pub trait Transport: Any + Send + fmt::Debug {
+///
+/// # Safety
+///
+/// A transport gets the worker's [`PostKey`]: the right to name pool buffers in work
+/// requests and to offer them to peers. Implementing this trait is the promise that it uses
+/// that right soundly, since the application holds plain `&[u8]` / `&mut [u8]` views of
+/// pool buffers (`Buf`, `Message`):
+///
+/// * it names a buffer in a work request (or offers it to a peer) only once the application
+///   can no longer reach it (the buffer moved into the transport's tables), and never hands
+///   the key out;
+/// * it hands a buffer back to the application (a `Message`, a one-sided result) or to the
+///   pool only after the work requests that name it have completed or been flushed, or
+///   their queue pair was destroyed, so that the NIC no longer reads or writes it.
+#[expect(
+    unsafe_code,
+    reason = "a contract, not an unsafe operation: implementors vouch for their posting"
+)]
+pub unsafe trait Transport: Any + Send + fmt::Debug {
     /// Arms the transport's completion queues (`req_notify`): the worker's channel fires at
     /// their next completion. Called before a thread sleeps on the channel.
     fn arm(&self);
@@ -478,18 +496,19 @@ impl Worker {
         })
     }
 
-    /// Adds the transport `make` builds with its id; it is called from the next progress
-    /// round on. Transports are never removed: they go with the worker.
+    /// Adds the transport `make` builds with its id and the worker's [`PostKey`] (see the
+    /// safety contract of [`Transport`]); it is called from the next progress round on.
+    /// Transports are never removed: they go with the worker.
     ///
     /// # Errors
     /// What `make` returns.
     pub fn add_transport<T: Transport>(
         &self,
-        make: impl FnOnce(TransportId) -> Result<T>,
+        make: impl FnOnce(TransportId, PostKey) -> Result<T>,
     ) -> Result<TransportId> {
         let mut st = self.shared.state.lock();
         let tid = TransportId(st.transports.len());
-        st.transports.push(Box::new(make(tid)?));
+        st.transports.push(Box::new(make(tid, PostKey::new())?));
         Ok(tid)
     }
 
@@ -517,8 +536,9 @@ impl Worker {
         &self.shared.vctx
     }
 
-    /// The protection domain.
-    pub fn pd(&self) -> &ProtectionDomain {
+    /// The protection domain the pool registers in, for a transport (queue pairs in the
+    /// pool's domain may reach pool buffers: see [`PostKey`]).
+    pub fn pd(&self, _: PostKey) -> &ProtectionDomain {
         &self.shared.pd
     }
 

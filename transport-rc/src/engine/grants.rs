@@ -33,7 +33,7 @@ impl Shared {
         let Some(buf) = st.recv_slots.get(slot) else {
             return;
         };
-        let sge = buf.sge_at(0, buf.capacity());
+        let sge = buf.sge_at(self.post_key, 0, buf.capacity());
         let wr = RecvWr::new(wrid::make(wrid::RECV, slot, 0), std::slice::from_ref(&sge));
         match self.srq.post_recv(&wr) {
             Ok(()) => {
@@ -55,7 +55,11 @@ impl Shared {
         let slots = std::mem::take(&mut st.pending_posts);
         let sges: Vec<_> = slots
             .iter()
-            .filter_map(|&s| st.recv_slots.get(s).map(|b| b.sge_at(0, b.capacity())))
+            .filter_map(|&s| {
+                st.recv_slots
+                    .get(s)
+                    .map(|b| b.sge_at(self.post_key, 0, b.capacity()))
+            })
             .collect();
         let wrs: Vec<RecvWr<'_>> = slots
             .iter()

@@ -203,7 +203,7 @@ impl Shared {
                     }
                 }
                 let Some(d) = dest.as_ref() else { break };
-                let sge = d.sge();
+                let sge = d.sge(self.post_key);
                 let seq = ep.next_seq;
                 ep.next_seq = ep.next_seq.wrapping_add(1);
                 let mut wr = SendWr::new(

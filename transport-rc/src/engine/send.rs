@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use rdmx_core::header::{
     HEADER_LEN, Header, Kind, PACKED_ENTRY_LEN, PackedEntries, RTS_LEN, RtsInfo,
 };
+use rdmx_core::pool::PostKey;
 use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
 use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
@@ -220,7 +221,13 @@ impl Shared {
         hdr.write(&mut b);
         b[HEADER_LEN..].copy_from_slice(payload.bytes());
         spend_credit(ep);
-        post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+        post_on(
+            ep,
+            WrOpcode::Send,
+            PostData::Buf(self.post_key),
+            Hold::Buf(b),
+            true,
+        )?;
         st.stats.sent_eager += 1;
         tracing::trace!(
             endpoint = ep.id,
@@ -269,7 +276,7 @@ impl Shared {
             },
         };
         let (src_addr, src_rkey) = match &src {
-            RndvSrc::Buf(b) => (b.addr(), b.rkey().0),
+            RndvSrc::Buf(b) => (b.addr(), b.rkey(self.post_key).0),
             RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
         };
         let zero_copy = matches!(src, RndvSrc::Shared(_));
@@ -413,7 +420,13 @@ impl Shared {
         hdr.write(&mut b);
         st.packs.retain(|&x| x != k);
         let ep = &mut st.eps[k];
-        post_on(ep, WrOpcode::Send, PostData::Buf, Hold::Buf(b), true)?;
+        post_on(
+            ep,
+            WrOpcode::Send,
+            PostData::Buf(self.post_key),
+            Hold::Buf(b),
+            true,
+        )?;
         st.stats.packed_frames += 1;
         tracing::trace!(
             endpoint = ep.id,
@@ -460,7 +473,7 @@ impl Shared {
         let seq = ep.next_seq;
         let data = match local {
             OpSource::None => PostData::Inline(&[]),
-            OpSource::Buf(_) | OpSource::Shared(_) => PostData::Buf,
+            OpSource::Buf(_) | OpSource::Shared(_) => PostData::Buf(self.post_key),
         };
         post_on(ep, op, data, Hold::Op(local), true)?;
         Ok(Ok(seq))
@@ -471,8 +484,8 @@ impl Shared {
 pub(crate) enum PostData<'a> {
     /// Copied into the work request.
     Inline(&'a [u8]),
-    /// The buffer in the `Hold` (its first `len()` bytes).
-    Buf,
+    /// The buffer in the `Hold` (its first `len()` bytes), named with the transport's key.
+    Buf(PostKey),
 }
 
 /// Posts one send work request on `ep`, numbering it and keeping what it holds until it
@@ -497,27 +510,23 @@ pub(crate) fn post_on(
             wr.send_flags |= SendFlags::INLINE;
             wr
         }
-        (PostData::Buf, Hold::Buf(b) | Hold::Op(OpSource::Buf(b))) => {
-            sge = b.sge();
+        (PostData::Buf(key), Hold::Buf(b) | Hold::Op(OpSource::Buf(b))) => {
+            sge = b.sge(*key);
             SendWr::new(
                 wrid::make(wrid::SEND, 0, seq),
                 op,
                 std::slice::from_ref(&sge),
             )
         }
-        (PostData::Buf, Hold::Op(OpSource::Shared(r))) => {
-            sge = rdmx_verbs::Sge {
-                addr: r.addr(),
-                length: u32::try_from(r.len()).unwrap_or(u32::MAX),
-                lkey: r.lkey(),
-            };
+        (PostData::Buf(_), Hold::Op(OpSource::Shared(r))) => {
+            sge = r.sge();
             SendWr::new(
                 wrid::make(wrid::SEND, 0, seq),
                 op,
                 std::slice::from_ref(&sge),
             )
         }
-        (PostData::Buf, _) => SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]),
+        (PostData::Buf(_), _) => SendWr::new(wrid::make(wrid::SEND, 0, seq), op, &[]),
     };
     wr.wr_id = wrid::make(wrid::SEND, ep.key, seq);
     wr.remote_srqn = ep.remote_srqn;

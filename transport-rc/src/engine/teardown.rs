@@ -176,9 +176,13 @@ impl Shared {
                     });
                 }
             }
+            // (An endpoint whose queue pair goes with it may go at once: destroying the queue
+            // pair ends its work. One on a shared XRC initiator waits until the work that
+            // names its buffers has completed: the initiator goes on.)
             if ep.detached
                 && matches!(ep.status, Status::Down(_))
                 && ep.linger_until.is_none_or(|t| Instant::now() >= t)
+                && (Arc::strong_count(&ep.qp) == 1 || !ep.lends_buffers_to_the_nic())
             {
                 remove.push(k);
             }
