@@ -79,7 +79,7 @@ impl Exchanges {
         let first = match until {
             None => rx.try_recv().ok(),
             Some(t) => rx
-                .recv_timeout(t.saturating_duration_since(Instant::now()))
+                .recv_timeout(t.saturating_duration_since(crate::util::host_now()))
                 .ok(),
         };
         let mut o = self.order.lock();
@@ -97,7 +97,7 @@ impl Exchanges {
     fn next_outcome(&self) -> Option<Outcome> {
         let mut o = self.order.lock();
         let (&seq, _) = o.finished.iter().next()?;
-        let now = Instant::now();
+        let now = crate::util::host_now();
         let held_back = o
             .running
             .range(..seq)
@@ -114,7 +114,7 @@ impl Exchanges {
             let mut o = self.order.lock();
             let seq = o.next;
             o.next += 1;
-            o.running.insert(seq, Instant::now());
+            o.running.insert(seq, crate::util::host_now());
             seq
         };
         let rc = rc.clone();
@@ -156,7 +156,7 @@ pub(crate) fn accept_until(
                 None => continue,
             }
         }
-        let now = Instant::now();
+        let now = crate::util::host_now();
         if deadline.is_some_and(|d| now >= d) {
             return Ok(None);
         }

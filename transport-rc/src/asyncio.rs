@@ -160,7 +160,7 @@ impl crate::Listener {
                 if cancelled.load(Ordering::Acquire) {
                     return Err(Error::Timeout(Duration::ZERO));
                 }
-                let until = Some(Instant::now() + ACCEPT_SLICE);
+                let until = Some(crate::util::host_now() + ACCEPT_SLICE);
                 if let Some(ep) = crate::accept::accept_until(&rc, &tcp, &exchanges, until)? {
                     return Ok(ep);
                 }

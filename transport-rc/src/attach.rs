@@ -4,7 +4,7 @@
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdmx_core::bootstrap;
@@ -83,7 +83,7 @@ impl RcTransport {
             let port = vctx.query_port(1)?;
             let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
             let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
-            let st = State::new(&cfg);
+            let st = State::new(&cfg, w.now());
             let shared = Arc::new(Shared {
                 vctx,
                 pd,
@@ -141,6 +141,28 @@ impl RcTransport {
         let addr = resolve(addr)?;
         let e = crate::conn::connect(&self.rc, addr)?;
         Ok(Endpoint::new(self.rc.clone(), e.key, e.id, addr))
+    }
+
+    /// Connects an endpoint of this transport to a new endpoint of `peer` (another
+    /// transport in this process, usually on another worker) directly, with no side
+    /// channel: each side's description is handed to the other. Returns (ours, the peer's);
+    /// their [`peer_addr`](Endpoint::peer_addr)s are the other side's device address. For
+    /// tests, simulations and processes that hold both ends.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a transport on an XRC node (XRC endpoints are set up through
+    /// the side channel); `Verbs` when a queue pair cannot be set up; what a real exchange
+    /// would refuse (`check_peer`: a device that cannot reach the other, a mismatch).
+    pub fn connect_local(&self, peer: &Self) -> Result<(Endpoint, Endpoint)> {
+        let (a, b) = crate::conn::connect_local(&self.rc, &peer.rc)?;
+        let (to_peer, to_us) = (
+            crate::conn::device_addr(&peer.rc),
+            crate::conn::device_addr(&self.rc),
+        );
+        Ok((
+            Endpoint::new(self.rc.clone(), a.key, a.id, to_peer),
+            Endpoint::new(peer.rc.clone(), b.key, b.id, to_us),
+        ))
     }
 
     /// Starts accepting endpoints on `addr` (the TCP side channel). The listener keeps
@@ -283,7 +305,7 @@ impl Listener {
     /// # Errors
     /// `Timeout`, or as `accept`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
-        let start = Instant::now();
+        let start = crate::util::host_now();
         match crate::accept::accept_until(
             &self.rc.rc,
             &self.tcp,

@@ -16,7 +16,7 @@ use crate::state::RcRef;
 /// The connecting side.
 pub(crate) fn connect(rc: &RcRef, addr: SocketAddr) -> Result<Established> {
     let sh = &*rc.sh;
-    let deadline = Instant::now() + sh.cfg.connect_timeout;
+    let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
     if sh.node.is_some() {
         return connect_xrc(rc, addr, deadline);
     }
@@ -52,7 +52,7 @@ fn connect_xrc(rc: &RcRef, addr: SocketAddr, deadline: Instant) -> Result<Establ
             Err(Error::Bootstrap(BootstrapError::Rejected(r))) if r == bootstrap::REJECT_BUSY => {
                 // Our lock is released: the peer's own exchange with us can go ahead.
                 let pause = Duration::from_millis(5 + crate::util::random_u64() % 40);
-                if Instant::now() + pause >= deadline {
+                if crate::util::host_now() + pause >= deadline {
                     return Err(Error::Bootstrap(BootstrapError::Rejected(r)));
                 }
                 tracing::debug!(%addr, ?pause, "the listener is busy; trying again");
@@ -63,6 +63,59 @@ fn connect_xrc(rc: &RcRef, addr: SocketAddr, deadline: Instant) -> Result<Establ
     }
 }
 
+/// Two endpoints of this process, one on each of two RC transports, connected to each
+/// other with no side channel: each side's description goes straight to the other.
+pub(crate) fn connect_local(a: &RcRef, b: &RcRef) -> Result<(Established, Established)> {
+    if a.sh.node.is_some() || b.sh.node.is_some() {
+        return Err(Error::InvalidArgument(
+            "in-process pairs are RC endpoints: neither context may be on an XRC node".into(),
+        ));
+    }
+    let (psn_a, psn_b) = (random_psn(), random_psn());
+    let qp_a = Arc::new(create_qp(&a.sh)?);
+    let (ka, ida, info_a) = register(a, qp_a, psn_a)?;
+    let qp_b = match create_qp(&b.sh) {
+        Ok(q) => Arc::new(q),
+        Err(e) => {
+            crate::setup::unregister(a, ka);
+            return Err(e);
+        }
+    };
+    let (kb, idb, info_b) = match register(b, qp_b, psn_b) {
+        Ok(r) => r,
+        Err(e) => {
+            crate::setup::unregister(a, ka);
+            return Err(e);
+        }
+    };
+    let result = (|| -> Result<()> {
+        check_peer(&b.sh, &info_a)?;
+        check_peer(&a.sh, &info_b)?;
+        bring_up_endpoint(b, kb, psn_b, &info_a)?;
+        bring_up_endpoint(a, ka, psn_a, &info_b)?;
+        complete(b, kb, &info_a);
+        complete(a, ka, &info_b);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        crate::setup::unregister(a, ka);
+        crate::setup::unregister(b, kb);
+        return Err(e);
+    }
+    let ea = settle(a, ka, ida, Ok(()), "connected in-process", device_addr(b))?;
+    let eb = settle(b, kb, idb, Ok(()), "connected in-process", device_addr(a))?;
+    Ok((ea, eb))
+}
+
+/// The address of a context's device (its first port), which names it as a peer when
+/// there is no side channel.
+pub(crate) fn device_addr(rc: &RcRef) -> SocketAddr {
+    rc.sh
+        .vctx
+        .port_addr(1)
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
+}
+
 /// The listening side, after the TCP accept. `None`: the exchange was declined for now
 /// (XRC, context busy with another exchange); the caller accepts the next connection.
 pub(crate) fn accept(
@@ -71,7 +124,7 @@ pub(crate) fn accept(
     from: SocketAddr,
 ) -> Result<Option<Established>> {
     let sh = &*rc.sh;
-    let deadline = Instant::now() + sh.cfg.connect_timeout;
+    let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
     if sh.node.is_some() && peer.transport == TransportKind::Xrc {
         return crate::xrc::accept(rc, stream, from, &peer, deadline);

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
@@ -297,17 +297,7 @@ impl Endpoint {
     /// that is already closed in order succeeds.
     pub fn close(&self) -> Result<()> {
         let timeout = self.rc.sh.cfg.peer_timeout;
-        self.rc.with(|sh, st, cx| {
-            if let Some(ep) = st.eps.get_mut(self.key) {
-                if ep.status == Status::Open {
-                    ep.status = Status::Closing;
-                    ep.closed_here = true;
-                }
-                ep.close_deadline.get_or_insert(Instant::now() + timeout);
-            }
-            st.reap_pending = true;
-            sh.after(st, cx);
-        });
+        self.begin_close(false);
         let r = wait_until(
             &self.rc.w,
             self.rc.wait_message(self.key),
@@ -327,6 +317,34 @@ impl Endpoint {
                 .with(|sh, st, cx| sh.fail(st, cx, self.key, DisconnectCause::LocalClose));
         }
         r
+    }
+
+    /// Begins closing the endpoint as [`close`](Self::close) does, and returns at once: the
+    /// endpoint stops sending, drains, tells the peer and goes down (with `LocalClose`, or
+    /// `PeerClosed` if the peer closed first) as the worker makes progress; a peer that does
+    /// not answer within the peer timeout takes it down all the same.
+    /// [`is_connected`](Self::is_connected) and [`disconnect_cause`](Self::disconnect_cause)
+    /// say where it is. For code that never blocks (an event loop, a simulation).
+    pub fn start_close(&self) {
+        self.begin_close(false);
+    }
+
+    /// Marks the endpoint closing from this side (and, for a dropped handle, detached), with
+    /// a deadline of one peer timeout.
+    fn begin_close(&self, detach: bool) {
+        let timeout = self.rc.sh.cfg.peer_timeout;
+        self.rc.with(|sh, st, cx| {
+            if let Some(ep) = st.eps.get_mut(self.key) {
+                ep.detached |= detach;
+                if ep.status == Status::Open {
+                    ep.status = Status::Closing;
+                    ep.closed_here = true;
+                }
+                ep.close_deadline.get_or_insert(cx.now() + timeout);
+            }
+            st.reap_pending = true;
+            sh.after(st, cx);
+        });
     }
 
     // ------------------------------------------------------------------ one-sided
@@ -497,19 +515,7 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        let timeout = self.rc.sh.cfg.peer_timeout;
-        self.rc.with(|sh, st, cx| {
-            if let Some(ep) = st.eps.get_mut(self.key) {
-                ep.detached = true;
-                if ep.status == Status::Open {
-                    ep.status = Status::Closing;
-                    ep.closed_here = true;
-                }
-                ep.close_deadline.get_or_insert(Instant::now() + timeout);
-            }
-            st.reap_pending = true;
-            sh.after(st, cx);
-        });
+        self.begin_close(true);
     }
 }
 

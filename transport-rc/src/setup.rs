@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use rdmx_core::bootstrap::{EndpointInfo, PathInfo, TransportKind};
 use rdmx_core::credit::{RecvWindow, SendWindow};
@@ -220,7 +219,8 @@ pub(crate) fn register(
     qp: Arc<QueuePair>,
     psn: u32,
 ) -> Result<(usize, u64, EndpointInfo)> {
-    rc.with(|sh, st, _| {
+    rc.with(|sh, st, cx| {
+        let now = cx.now();
         if st.eps.len() >= MAX_ENDPOINTS {
             return Err(Error::InvalidArgument(format!(
                 "a context holds at most {MAX_ENDPOINTS} endpoints"
@@ -319,7 +319,7 @@ pub(crate) fn register(
             on_alt: false,
             rearm_port: None,
             rearm_after: None,
-            last_rx: Instant::now(),
+            last_rx: now,
             keepalive_at: None,
             close_deadline: None,
             linger_until: None,
@@ -354,7 +354,7 @@ pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
             ep.peer_mailbox = (peer.mailbox_addr, peer.mailbox_rkey);
             ep.peer_eager_limit = peer.eager_limit as usize;
             ep.peer_max_message = usize::try_from(peer.max_message).unwrap_or(usize::MAX);
-            ep.last_rx = Instant::now();
+            ep.last_rx = cx.now();
             // The paths the endpoint's queue pair sends on (re-armed after a migration): the
             // peer's ports, or with XRC towards a node hosted by another process, that host's.
             let paths = match &peer.xrc_target_path {

@@ -152,7 +152,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(cfg: &Config) -> Self {
+    pub(crate) fn new(cfg: &Config, now: Instant) -> Self {
         Self {
             eps: Slab::new(),
             by_qpn: HashMap::new(),
@@ -177,7 +177,7 @@ impl State {
             stats: Stats::default(),
             reap_pending: false,
             initiators: HashMap::new(),
-            next_keepalive: Instant::now(),
+            next_keepalive: now,
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
         }
     }

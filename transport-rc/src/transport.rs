@@ -157,7 +157,7 @@ fn rearm(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, port: Option<u8>) {
         if port.is_some_and(|q| q != p) || !matches!(ep.status, crate::ep::Status::Open) {
             continue;
         }
-        if ep.rearm_after.is_some_and(|t| Instant::now() < t) {
+        if ep.rearm_after.is_some_and(|t| cx.now() < t) {
             continue;
         }
         let up = sh
@@ -197,7 +197,7 @@ fn on_async_event(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, ev: AsyncEvent) 
                 ep.on_alt = !ep.on_alt;
                 // The path left behind leaves from port 1 when we are now on the alternate.
                 ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
-                ep.rearm_after = Some(Instant::now() + sh.keepalive_tick());
+                ep.rearm_after = Some(cx.now() + sh.keepalive_tick());
                 tracing::info!(endpoint = ep.id, "path migrated");
                 cx.push_event(Event::PathMigrated { endpoint: ep.id });
                 any = true;

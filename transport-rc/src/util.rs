@@ -19,6 +19,14 @@ pub(crate) fn far(from: Instant, t: Duration) -> Instant {
         .unwrap_or_else(|| from + Duration::from_secs(10 * 365 * 86_400))
 }
 
+/// The host's clock, for the side channel only: deadlines of the TCP exchanges that set
+/// endpoints up, and of threads waiting for them, are real time whatever the device's clock.
+/// The protocol itself reads the worker's clock (`Cx::now`, `Worker::now`), which a
+/// simulation moves; the architecture test allows `Instant::now` nowhere else in rdmx-rc.
+pub(crate) fn host_now() -> Instant {
+    Instant::now()
+}
+
 /// A random identifier (contexts, XRC nodes, pauses), from rdmx's one source of
 /// randomness (`rdmx_verbs::random_u64`).
 pub(crate) fn random_u64() -> u64 {

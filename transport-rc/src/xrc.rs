@@ -233,7 +233,7 @@ fn node(sh: &Shared) -> Result<Arc<NodeInner>> {
 /// its node's targets the context's initiator already uses (`xrc_in_use`) before another
 /// exchange can change that.
 pub(crate) fn exchange_lock(sh: &Shared, deadline: Instant) -> Result<MutexGuard<'_, ()>> {
-    let start = Instant::now();
+    let start = crate::util::host_now();
     sh.xrc_lock
         .try_lock_until(deadline)
         .ok_or_else(|| Error::Timeout(start.elapsed()))

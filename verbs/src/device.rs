@@ -26,12 +26,21 @@ pub struct DeviceOptions {
     /// Fault-injection plan for frames this (soft) device receives. `None` reads
     /// `RDMX_FAULTS` from the environment.
     pub faults: Option<FaultConfig>,
+    /// Open the (soft) device on this simulated net instead of UDP sockets: it runs on the
+    /// net's virtual clock, with no thread of its own (see [`SimNet`](soft::SimNet)).
+    pub sim: Option<soft::SimNet>,
 }
 
 impl DeviceOptions {
     /// Sets a fault-injection plan.
     pub fn with_faults(mut self, faults: FaultConfig) -> Self {
         self.faults = Some(faults);
+        self
+    }
+
+    /// Opens the device on a simulated net.
+    pub fn with_sim(mut self, net: &soft::SimNet) -> Self {
+        self.sim = Some(net.clone());
         self
     }
 }
@@ -94,7 +103,7 @@ impl Device {
             return Err(VerbsError::DeviceNotFound(name.to_string()));
         }
         let addrs = soft::parse_name(name)?;
-        let shared = Shared::open(&addrs, opts.faults)?;
+        let shared = Shared::open(&addrs, opts.faults, opts.sim)?;
         let bound = shared.addrs().to_vec();
         let dev: Arc<dyn Provider> = shared;
         let canonical = format!(
@@ -180,6 +189,13 @@ impl Context {
     /// `InvalidArgument` for a port that does not exist (or a hardware device).
     pub fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError> {
         self.dev().port_addr(port)
+    }
+
+    /// The clock the device runs on: the host's, or a simulated net's virtual clock. The
+    /// layers above read their time from it, so that they run on the same clock as the
+    /// device.
+    pub fn clock(&self) -> crate::os::Clock {
+        self.dev().clock()
     }
 
     /// Returns the next asynchronous event, waiting up to `timeout` (`ibv_get_async_event`).

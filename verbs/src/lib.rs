@@ -63,7 +63,7 @@ pub use bytes::SharedBytes;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions, PostBatch};
 pub use error::{PostError, VerbsError};
-pub use os::random_u64;
+pub use os::{Clock, random_u64, seed_thread_random};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::{QpInitAttr, QueuePair};
 pub use soft::fault::FaultConfig;

@@ -4,11 +4,13 @@
 //! libibverbs one both build on it.
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -30,10 +32,120 @@ pub(crate) mod clock {
     }
 }
 
+/// Where a device and everything above it read the time: the host's monotonic clock, or a
+/// virtual one that only a simulation moves ([`SimNet`](crate::soft::sim::SimNet)). Virtual
+/// time starts at an arbitrary `Instant` and advances only when told to, so code that takes
+/// its `now` from a `Clock` runs the same way on every replay of a simulation. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    virt: Option<Arc<VirtualTime>>,
+}
+
+#[derive(Debug)]
+struct VirtualTime {
+    base: Instant,
+    nanos: AtomicU64,
+}
+
+impl Clock {
+    /// The host's monotonic clock.
+    pub fn real() -> Self {
+        Self { virt: None }
+    }
+
+    /// A virtual clock at its start (0 ns); see [`advance_to`](Self::advance_to).
+    pub(crate) fn new_virtual() -> Self {
+        Self {
+            virt: Some(Arc::new(VirtualTime {
+                base: clock::monotonic(),
+                nanos: AtomicU64::new(0),
+            })),
+        }
+    }
+
+    /// Now.
+    pub fn now(&self) -> Instant {
+        match &self.virt {
+            None => clock::monotonic(),
+            Some(v) => v.base + Duration::from_nanos(v.nanos.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Whether this clock is virtual (moves only when a simulation moves it).
+    pub fn is_virtual(&self) -> bool {
+        self.virt.is_some()
+    }
+
+    /// Virtual time since the clock's start (`None` for the real clock).
+    pub fn elapsed_virtual(&self) -> Option<Duration> {
+        self.virt
+            .as_ref()
+            .map(|v| Duration::from_nanos(v.nanos.load(Ordering::Acquire)))
+    }
+
+    /// Nanoseconds since the clock's start, for a virtual clock.
+    pub(crate) fn virtual_nanos(&self) -> Option<u64> {
+        self.virt.as_ref().map(|v| v.nanos.load(Ordering::Acquire))
+    }
+
+    /// Moves a virtual clock forward to `nanos` since its start (never backwards; a no-op
+    /// on the real clock).
+    pub(crate) fn advance_to(&self, nanos: u64) {
+        if let Some(v) = &self.virt {
+            v.nanos.fetch_max(nanos, Ordering::AcqRel);
+        }
+    }
+
+    /// The virtual `Instant` at `nanos` since the clock's start (for the real clock, now).
+    pub(crate) fn instant_at(&self, nanos: u64) -> Instant {
+        match &self.virt {
+            None => clock::monotonic(),
+            Some(v) => v.base + Duration::from_nanos(nanos),
+        }
+    }
+
+    /// Nanoseconds from the clock's start to `t` (virtual clocks; 0 before the start).
+    pub(crate) fn nanos_of(&self, t: Instant) -> Option<u64> {
+        self.virt.as_ref().map(|v| {
+            t.saturating_duration_since(v.base)
+                .as_nanos()
+                .min(u128::from(u64::MAX)) as u64
+        })
+    }
+}
+
+thread_local! {
+    /// A seeded generator that replaces the kernel's randomness on this thread (see
+    /// [`seed_thread_random`]).
+    static SEEDED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// From now on, [`random_u64`] on the calling thread draws from a generator seeded with
+/// `seed` instead of the kernel (`None`: the kernel again). A deterministic simulation sets
+/// it, so that the keys, PSNs, QP numbers and identifiers of everything it creates on its
+/// thread are the same on every replay of a seed.
+pub fn seed_thread_random(seed: Option<u64>) {
+    SEEDED.with(|s| s.set(seed));
+}
+
 /// Random bytes from the kernel: the one source of randomness of rdmx (memory keys, first
 /// PSNs and QP numbers come from generators it seeds; the layers above use it for their
-/// identifiers).
+/// identifiers). On a thread given a seed ([`seed_thread_random`]), the next value of that
+/// seed's sequence instead.
 pub fn random_u64() -> u64 {
+    if let Some(v) = SEEDED.with(|s| {
+        s.get().map(|state| {
+            // splitmix64
+            let next = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            s.set(Some(next));
+            let mut z = next;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+    }) {
+        return v;
+    }
     let mut v: u64 = 0;
     // SAFETY: getrandom writes at most 8 bytes into a live u64.
     let n = unsafe { libc::getrandom((&raw mut v).cast::<libc::c_void>(), 8, 0) };

@@ -44,6 +44,10 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     }
     /// The context is being closed.
     fn shutdown(&self);
+    /// The clock the device runs on (virtual on a simulated net).
+    fn clock(&self) -> crate::os::Clock {
+        crate::os::Clock::real()
+    }
 
     // Protection domains and memory. `reg_mr` returns (lkey, rkey).
     fn alloc_pd(&self) -> Result<u32, VerbsError>;

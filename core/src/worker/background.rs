@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::Worker;
 use super::wait::background_sleep;
+use super::{Worker, WorkerState};
 
 /// The longest the background thread sleeps with no timer due: it looks at whether it
 /// should end at least this often.
@@ -16,6 +16,42 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// counts it as polling (and leaves the completion queues unarmed: arming them would wake
 /// it at every completion, stealing the polling thread's CPU).
 const APP_POLL_NS: u64 = 2_000_000;
+
+impl Worker {
+    /// One round of the background thread's duties, without sleeping: a progress round,
+    /// the device's asynchronous events, the transports' timers due now (on the worker's
+    /// clock). Returns now.
+    fn duties(&self, st: &mut WorkerState) -> Instant {
+        if self.progress_locked(st) > 0 {
+            self.wake_all();
+        }
+        while let Some(ev) = self.shared.vctx.get_async_event(Duration::ZERO) {
+            st.each(self, |t, cx| t.handle_event(cx, ev));
+        }
+        let now = self.now();
+        st.each(self, |t, cx| t.handle_timer(cx, now));
+        now
+    }
+
+    /// Does the background thread's work once, for a worker that has none (never
+    /// [`start`](Self::start)ed): a simulation drives its workers with this, between moves
+    /// of the virtual clock. Returns the next time a transport has timer work
+    /// ([`next_timer`](Self::next_timer)).
+    pub fn drive(&self) -> Option<Instant> {
+        let mut st = self.lock();
+        self.duties(&mut st);
+        Self::next_timer_locked(&st)
+    }
+
+    /// When a transport next has timer work, if ever.
+    pub fn next_timer(&self) -> Option<Instant> {
+        Self::next_timer_locked(&self.lock())
+    }
+
+    fn next_timer_locked(st: &WorkerState) -> Option<Instant> {
+        st.transports.iter().filter_map(|t| t.next_timer()).min()
+    }
+}
 
 /// The background thread's loop. It ends once the application let go of the worker (every
 /// [`WorkerHandle`](super::WorkerHandle) dropped), no message is alive and every transport
@@ -48,21 +84,10 @@ pub(super) fn run(w: &Worker) {
             if idle {
                 w.arm(&st);
             }
-            if w.progress_locked(&mut st) > 0 {
-                w.wake_all();
-            }
-            while let Some(ev) = sh.vctx.get_async_event(Duration::ZERO) {
-                st.each(w, |t, cx| t.handle_event(cx, ev));
-            }
-            let now = Instant::now();
-            st.each(w, |t, cx| t.handle_timer(cx, now));
+            let now = w.duties(&mut st);
             // (A transport's watch is for sleeping application threads; what the background
             // thread must look at, it says with its timers.)
-            let until = st
-                .transports
-                .iter()
-                .filter_map(|t| t.next_timer())
-                .min()
+            let until = Worker::next_timer_locked(&st)
                 .unwrap_or(now + MAX_SLEEP)
                 .min(now + MAX_SLEEP);
             // While application threads sleep on the channel (see `wait::Leader`), ours is

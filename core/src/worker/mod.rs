@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use rdmx_verbs::{AsyncEvent, CompletionChannel, DeviceOptions, ProtectionDomain};
+use rdmx_verbs::{AsyncEvent, Clock, CompletionChannel, DeviceOptions, ProtectionDomain};
 
 use crate::pool::{BufferPool, PoolConfig, PostKey};
 use crate::{Buf, Config, Error, Event, Result};
@@ -313,6 +313,11 @@ impl Cx<'_> {
         self.worker
     }
 
+    /// Now, on the worker's clock (see [`Worker::now`]).
+    pub fn now(&self) -> Instant {
+        self.worker.now()
+    }
+
     /// Queues an event for the application.
     pub fn push_event(&mut self, ev: Event) {
         self.core.events.push(ev);
@@ -410,6 +415,9 @@ struct Shared {
     cond: Condvar,
     /// The background thread sleeps here while a leader sleeps on the channel.
     bg_cond: Condvar,
+    /// The device's clock: every time the worker and its transports act on comes from it
+    /// (virtual on a simulated net).
+    clock: Clock,
     start: Instant,
     /// Nanoseconds since `start` of the last progress call by an application thread.
     last_app_poll: AtomicU64,
@@ -463,6 +471,7 @@ impl Worker {
         recv_classes: &[usize],
     ) -> Result<Self> {
         let channel = vctx.create_comp_channel()?;
+        let clock = vctx.clock();
         let pool = BufferPool::new(
             &pd,
             PoolConfig {
@@ -481,7 +490,8 @@ impl Worker {
                 state: Mutex::new(WorkerState::default()),
                 cond: Condvar::new(),
                 bg_cond: Condvar::new(),
-                start: Instant::now(),
+                start: clock.now(),
+                clock,
                 last_app_poll: AtomicU64::new(0),
                 sleepers: AtomicUsize::new(0),
                 spinners: AtomicUsize::new(0),
@@ -646,7 +656,19 @@ impl Worker {
     }
 
     fn now_nanos(&self) -> u64 {
-        self.shared.start.elapsed().as_nanos() as u64
+        self.now()
+            .saturating_duration_since(self.shared.start)
+            .as_nanos() as u64
+    }
+
+    /// The clock the worker runs on (its device's: virtual on a simulated net).
+    pub fn clock(&self) -> &Clock {
+        &self.shared.clock
+    }
+
+    /// Now, on the worker's clock: what transports compare their deadlines with.
+    pub fn now(&self) -> Instant {
+        self.shared.clock.now()
     }
 
     /// Marks the worker's reception as claimed by an application thread now.

@@ -18,7 +18,7 @@ mod teardown;
 pub(crate) use keepalive::{keepalive, timeout_exponent};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdmx_core::header::{HEADER_LEN, Header, Kind, PackedEntries, RtsInfo};
 use rdmx_core::worker::Cx;
@@ -89,7 +89,7 @@ impl Shared {
         // context whose last buffer was just promised must not wait for a tick to start.)
         let scarce = st.budget.spare() == 0 && !st.needy.is_empty();
         if st.recall_watch || st.recall_pressure || scarce {
-            let now = Instant::now();
+            let now = cx.now();
             let every = if st.recall_pressure {
                 recall::PRESSURE_SCAN
             } else {
@@ -211,7 +211,7 @@ impl Shared {
         // The peer used one of our credits.
         let credited = {
             let ep = &mut st.eps[k];
-            ep.last_rx = Instant::now();
+            ep.last_rx = cx.now();
             ep.keepalive_at = None;
             Self::take_credit(st, k)
         };

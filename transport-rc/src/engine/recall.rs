@@ -256,7 +256,8 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, 
         // The peer may have given these back (at least the credit the signal used) for
         // another of its endpoints that starves (see [`lend_idle`]): look at the flags now,
         // so that it is first in line.
-        tick(sh, st, cx, Instant::now());
+        let now = cx.now();
+        tick(sh, st, cx, now);
         cx.wake_all();
     } else {
         let idle_sender = st.eps.get(k).is_some_and(|ep| !ep.waits_to_send());

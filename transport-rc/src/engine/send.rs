@@ -56,10 +56,10 @@ impl Payload<'_> {
 }
 
 /// Takes a credit for a message, noting when the last one goes (see `STARVING_AFTER`).
-fn spend_credit(ep: &mut Ep) {
+fn spend_credit(ep: &mut Ep, now: Instant) {
     ep.send.take();
     if ep.send.available() == 0 {
-        ep.recall.emptied_at = Some(Instant::now());
+        ep.recall.emptied_at = Some(now);
     }
 }
 
@@ -102,10 +102,10 @@ impl Shared {
         // Inline only what fits the peer's receive buffers (its eager limit may be below
         // our inline threshold).
         if len <= self.inline_max && len < eager_limit {
-            self.send_inline(st, k, payload.bytes())?;
+            self.send_inline(st, k, payload.bytes(), cx.now())?;
             Ok(None)
         } else if len < eager_limit {
-            self.send_eager(st, k, payload)
+            self.send_eager(st, k, payload, cx.now())
         } else {
             self.send_rndv(st, cx, k, payload)
         }
@@ -138,7 +138,7 @@ impl Shared {
     /// `STARVING_AFTER` without one, the peer is told (once) that we wait (see `recall.rs`).
     fn out_of_credit(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
         let ep = &mut st.eps[k];
-        let now = Instant::now();
+        let now = cx.now();
         let waits_since = *ep.recall.starved_since.get_or_insert(now);
         // Counted from when the last credit went: an endpoint that used it long ago (a
         // server answering the next request) gets no grant unless it asks.
@@ -169,7 +169,7 @@ impl Shared {
     }
 
     /// Sends `data` inline: copied into the work request, no buffer held.
-    fn send_inline(&self, st: &mut State, k: usize, data: &[u8]) -> Result<()> {
+    fn send_inline(&self, st: &mut State, k: usize, data: &[u8], now: Instant) -> Result<()> {
         let len = data.len();
         let ep = &mut st.eps[k];
         let hdr = Self::next_header(ep, Kind::Data, len);
@@ -185,7 +185,7 @@ impl Shared {
         };
         hdr.write(frame);
         frame[HEADER_LEN..].copy_from_slice(data);
-        spend_credit(ep);
+        spend_credit(ep, now);
         post_on(
             ep,
             WrOpcode::Send,
@@ -209,6 +209,7 @@ impl Shared {
         st: &mut State,
         k: usize,
         payload: Payload<'a>,
+        now: Instant,
     ) -> Result<Option<Payload<'a>>> {
         let len = payload.len();
         let mut b = match self.pool.try_alloc(HEADER_LEN + len) {
@@ -220,7 +221,7 @@ impl Shared {
         let hdr = Self::next_header(ep, Kind::Data, len);
         hdr.write(&mut b);
         b[HEADER_LEN..].copy_from_slice(payload.bytes());
-        spend_credit(ep);
+        spend_credit(ep, now);
         post_on(
             ep,
             WrOpcode::Send,
@@ -292,7 +293,7 @@ impl Shared {
             rkey: src_rkey,
         }
         .write(&mut frame);
-        spend_credit(ep);
+        spend_credit(ep, cx.now());
         post_on(
             ep,
             WrOpcode::Send,
@@ -356,14 +357,14 @@ impl Shared {
         if b.set_len(end).is_err() || PackedEntries::append(&mut b, HEADER_LEN, data).is_none() {
             return Ok(false);
         }
-        spend_credit(ep);
+        spend_credit(ep, cx.now());
         ep.pack = Some(b);
         st.packs.push(k);
         st.stats.sent_packed += 1;
         Self::not_starving(st, k);
         if st.pack_due.is_none() {
             // However the batch is used, the frame goes within PACK_HOLD.
-            let due = Instant::now() + PACK_HOLD;
+            let due = cx.now() + PACK_HOLD;
             st.pack_due = Some(due);
             cx.schedule(due);
         }

@@ -3,7 +3,6 @@
 //! their buffers returned only after the queue pair is flushed.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use rdmx_core::header::{Header, Kind};
 use rdmx_core::worker::Cx;
@@ -53,7 +52,7 @@ impl Shared {
             // send, and read our rendezvous buffers: its messages come through the node's
             // shared target and are routed by our key, so the key must not go to a new
             // endpoint meanwhile, nor the buffers back to the pool.
-            ep.linger_until = Some(Instant::now() + LINGER);
+            ep.linger_until = Some(cx.now() + LINGER);
         }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
@@ -99,6 +98,7 @@ impl Shared {
     /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
     /// down and whose handle is gone.
     pub(crate) fn reap(&self, st: &mut State, cx: &mut Cx<'_>) {
+        let now = cx.now();
         // A closing endpoint whose last send used its last credit needs the peer's next
         // grant for its Close, and grants written into the mailbox are only noticed when
         // read: nothing else reads it once the application stopped sending.
@@ -181,7 +181,7 @@ impl Shared {
             // names its buffers has completed: the initiator goes on.)
             if ep.detached
                 && matches!(ep.status, Status::Down(_))
-                && ep.linger_until.is_none_or(|t| Instant::now() >= t)
+                && ep.linger_until.is_none_or(|t| now >= t)
                 && (Arc::strong_count(&ep.qp) == 1 || !ep.lends_buffers_to_the_nic())
             {
                 remove.push(k);

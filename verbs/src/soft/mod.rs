@@ -4,7 +4,8 @@
 //! * [`wire`]: header views and the ICRC (pure);
 //! * [`engine`]: the sans-I/O transport (requester, responder, completer per QP);
 //! * [`fault`]: seeded fault injection (pure);
-//! * `driver`: sockets, clock, engine thread, capture.
+//! * `driver`: sockets, clock, engine thread, capture; or, for a device opened on a
+//!   [`SimNet`], a simulated network on a virtual clock.
 //!
 //! Device names: `soft:<ip>[:<udp-port>]`, several addresses separated by `,` for a device
 //! with several ports (`soft:127.0.0.1,127.0.0.2`). Port 0 or no port means an ephemeral UDP
@@ -17,6 +18,8 @@ pub mod wire;
 pub(crate) mod driver;
 mod provider;
 pub(crate) mod xrcd;
+
+pub use driver::simnet::{SimLink, SimNet, SimStats};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

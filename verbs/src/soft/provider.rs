@@ -108,6 +108,10 @@ impl Provider for Shared {
         })
     }
 
+    fn clock(&self) -> crate::os::Clock {
+        Self::clock(self)
+    }
+
     fn shutdown(&self) {
         driver::shutdown(self);
     }

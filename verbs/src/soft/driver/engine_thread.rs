@@ -111,7 +111,7 @@ impl Shared {
     }
 
     /// Next engine deadline (timers and delayed fault-injected frames).
-    fn next_deadline(&self) -> Option<u64> {
+    pub(super) fn next_deadline(&self) -> Option<u64> {
         let t = self.nic.lock().poll_timeout();
         let f = self.faults.as_ref().and_then(|f| f.lock().poll_timeout());
         match (t, f) {

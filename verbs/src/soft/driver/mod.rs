@@ -11,6 +11,7 @@ mod doorbell;
 mod engine_thread;
 pub(crate) mod pcap;
 mod rx;
+pub(crate) mod simnet;
 pub(crate) mod sys;
 mod tx;
 
@@ -98,6 +99,9 @@ pub(crate) struct Shared {
     xrc: crate::soft::xrcd::Links,
     /// Sends held by an open post batch (see `doorbell.rs`).
     doorbell: doorbell::Doorbell,
+    /// The simulated net this device sends on instead of sockets, on its virtual clock
+    /// (`simnet.rs`): no sockets and no engine thread then.
+    sim: Option<simnet::SimNet>,
 }
 
 /// The active MTU of a port bound to `ip`: the largest IB MTU that, with the 96 bytes of
@@ -233,6 +237,7 @@ impl Shared {
     pub(crate) fn open(
         addrs: &[SocketAddr],
         faults: Option<FaultConfig>,
+        sim: Option<simnet::SimNet>,
     ) -> Result<Arc<Self>, VerbsError> {
         // A capture that was asked for and cannot be written is an error, not a silence.
         if pcap().is_none()
@@ -242,7 +247,18 @@ impl Shared {
         }
         let mut sockets = Vec::new();
         let mut bound = Vec::new();
-        for a in addrs {
+        if sim.is_some() {
+            // Simulated ports: no sockets; port 0 means the RoCEv2 port.
+            for a in addrs {
+                let port = if a.port() == 0 {
+                    crate::soft::wire::ROCE_UDP_PORT
+                } else {
+                    a.port()
+                };
+                bound.push(SocketAddr::new(a.ip(), port));
+            }
+        }
+        for a in addrs.iter().filter(|_| sim.is_none()) {
             let s = bind(*a)?;
             let local = s.local_addr().map_err(|error| VerbsError::Io {
                 op: "getsockname",
@@ -260,13 +276,20 @@ impl Shared {
         .map(|f| Mutex::new(FaultInjector::new(f)));
         let mut cfg = NicConfig::single_port(bound[0], sys::random_u64());
         cfg.ports = bound.clone();
-        let ifnames: Vec<Option<String>> =
-            bound.iter().map(|a| sys::interface_of(a.ip())).collect();
+        let ifnames: Vec<Option<String>> = if sim.is_some() {
+            vec![None; bound.len()]
+        } else {
+            bound.iter().map(|a| sys::interface_of(a.ip())).collect()
+        };
         tracing::debug!(?ifnames, "soft device interfaces");
-        cfg.port_mtus = ifnames
-            .iter()
-            .map(|n| port_active_mtu(n.as_deref()))
-            .collect();
+        cfg.port_mtus = if sim.is_some() {
+            vec![Mtu::Mtu4096; bound.len()]
+        } else {
+            ifnames
+                .iter()
+                .map(|n| port_active_mtu(n.as_deref()))
+                .collect()
+        };
         let port_mtus: Vec<usize> = cfg.port_mtus.iter().map(|m| m.bytes()).collect();
         let io = |op| move |error| VerbsError::Io { op, error };
         let wake = EventFd::new().map_err(io("eventfd"))?;
@@ -312,7 +335,12 @@ impl Shared {
             thread: Mutex::new(None),
             xrc: crate::soft::xrcd::Links::default(),
             doorbell: doorbell::Doorbell::default(),
+            sim,
         });
+        if let Some(net) = &shared.sim {
+            net.attach(&shared, &shared.addrs)?;
+            return Ok(shared);
+        }
         let weak = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
             .name(format!("rdmx-soft-{}", shared.addrs[0]))
@@ -338,9 +366,19 @@ impl Shared {
         &self.addrs
     }
 
-    /// Nanoseconds since the device was opened.
+    /// Nanoseconds since the device was opened (on a simulated net, its virtual clock).
     pub(crate) fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        match &self.sim {
+            Some(net) => net.now_ns(),
+            None => self.epoch.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// The clock the device runs on.
+    pub(crate) fn clock(&self) -> crate::os::Clock {
+        self.sim
+            .as_ref()
+            .map_or_else(crate::os::Clock::real, |n| n.clock().clone())
     }
 
     /// Engine counters.

@@ -78,6 +78,12 @@ impl Shared {
         }
         // Ports whose sends worked / failed for lack of a route or link (bit per port).
         let (mut sent_ok, mut link_err) = (0u64, 0u64);
+        if let Some(net) = &self.sim {
+            for (k, &(port, dst, len)) in meta.iter().enumerate() {
+                net.send(self.addrs[port], dst, &bufs[k][..len]);
+            }
+            meta.clear();
+        }
         let mut i = 0;
         while i < meta.len() {
             let (port, dst, len) = meta[i];
