@@ -542,3 +542,43 @@ fn the_scanner_sees_what_it_must() {
         vec![vec!["a".to_string(), "b".into(), "c".into()]]
     );
 }
+
+/// The message-layer protocol runs on the worker's clock (virtual in a simulation): no
+/// code of a transport or of the worker reads the host's clock, except the one function of
+/// rdmx-rc for the deadlines of its TCP side channel (`util::host_now`) and the worker's
+/// waits (application threads sleep real time: `worker/wait.rs`, `worker/async_timer.rs`).
+#[test]
+fn the_protocol_reads_no_clock_but_the_workers() {
+    let root = root();
+    let allowed = [
+        "transport-rc/src/util.rs",
+        "core/src/worker/wait.rs",
+        "core/src/worker/async_timer.rs",
+    ];
+    let mut files = Vec::new();
+    collect_rs(&root.join("transport-rc/src"), &mut files);
+    collect_rs(&root.join("core/src/worker"), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap_or(f)
+            .to_string_lossy()
+            .replace('\\', "/");
+        if allowed.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let (code, _) = strip_tests(&strip_comments(&text));
+        for needle in ["Instant::now", "SystemTime::now"] {
+            if code.contains(needle) {
+                found.push(format!("{rel}: {needle}"));
+            }
+        }
+    }
+    assert!(files.len() > 10, "the scan found too few files: {files:?}");
+    assert!(
+        found.is_empty(),
+        "clock reads outside the worker's clock (use Cx::now / Worker::now): {found:?}"
+    );
+}

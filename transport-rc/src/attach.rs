@@ -210,6 +210,7 @@ impl RcTransport {
         let events_dropped = ws.events_dropped();
         self.rc.on(&mut ws, |_, st, _| Stats {
             recv_held: st.held,
+            credits_outstanding: st.budget.outstanding,
             events_dropped,
             ..st.stats
         })

@@ -95,6 +95,9 @@ pub struct Stats {
     /// yet or that wait in inboxes (eager messages, and packed frames with a message
     /// alive). While it is a receive queue's worth or more, the queue does not refill.
     pub recv_held: u64,
+    /// Now, not a count: credits granted to peers and neither used nor given back (each
+    /// is a posted receive buffer promised to an endpoint). Zero once no endpoint is left.
+    pub credits_outstanding: u64,
 }
 
 /// All mutable state of a context.
