@@ -10,7 +10,7 @@
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdmx_core::worker::wait_async;
 use rdmx_core::{Buf, Error, Message, Result, bootstrap};

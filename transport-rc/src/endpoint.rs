@@ -15,6 +15,7 @@ use rdmx_core::worker::wait_until;
 use crate::engine::send::Payload;
 use crate::ep::{Inbound, OpSource, Status};
 use crate::state::{RcRef, Shared, State};
+use crate::timers::Timer;
 
 /// A connection to one peer: ordered, exactly-once, flow-controlled messages, plus one-sided
 /// access to regions the peer registered. `Send + Sync`; several threads may use it.
@@ -297,7 +298,7 @@ impl Endpoint {
     /// that is already closed in order succeeds.
     pub fn close(&self) -> Result<()> {
         let timeout = self.rc.sh.cfg.peer_timeout;
-        self.begin_close(false);
+        self.begin_close(Closer::Waits);
         let r = wait_until(
             &self.rc.w,
             self.rc.wait_message(self.key),
@@ -326,13 +327,19 @@ impl Endpoint {
     /// [`is_connected`](Self::is_connected) and [`disconnect_cause`](Self::disconnect_cause)
     /// say where it is. For code that never blocks (an event loop, a simulation).
     pub fn start_close(&self) {
-        self.begin_close(false);
+        self.begin_close(Closer::Returns);
     }
 
     /// Marks the endpoint closing from this side (and, for a dropped handle, detached), with
-    /// a deadline of one peer timeout.
-    fn begin_close(&self, detach: bool) {
-        let timeout = self.rc.sh.cfg.peer_timeout;
+    /// a deadline of one peer timeout. A caller that waits for the close ([`close`](Self::close)) ends
+    /// its wait at that deadline itself (and reports `Timeout`): the endpoint's own deadline
+    /// then comes a tick later, for the case where the waiting thread went away.
+    fn begin_close(&self, closer: Closer) {
+        let detach = closer == Closer::Drops;
+        let mut timeout = self.rc.sh.cfg.peer_timeout;
+        if closer == Closer::Waits {
+            timeout += self.rc.sh.keepalive_tick();
+        }
         self.rc.with(|sh, st, cx| {
             if let Some(ep) = st.eps.get_mut(self.key) {
                 ep.detached |= detach;
@@ -340,7 +347,8 @@ impl Endpoint {
                     ep.status = Status::Closing;
                     ep.closed_here = true;
                 }
-                ep.close_deadline.get_or_insert(cx.now() + timeout);
+                let at = cx.now() + timeout;
+                st.arm_once(cx, self.key, Timer::CloseDeadline, at);
             }
             st.reap_pending = true;
             sh.after(st, cx);
@@ -513,9 +521,20 @@ impl Endpoint {
     }
 }
 
+/// Who closes an endpoint, for [`Endpoint::begin_close`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closer {
+    /// `close`, which waits for the close to finish.
+    Waits,
+    /// `start_close`, which returns at once.
+    Returns,
+    /// The handle's drop.
+    Drops,
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        self.begin_close(true);
+        self.begin_close(Closer::Drops);
     }
 }
 

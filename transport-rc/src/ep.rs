@@ -4,6 +4,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::timers::Timers;
+
 use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::header::RtsInfo;
 use rdmx_core::worker::WaitSlot;
@@ -39,8 +41,6 @@ pub(crate) struct RecallState {
     pub(crate) returned_seen: u32,
     /// The peer's `recall` counter already answered.
     pub(crate) requested_seen: u32,
-    /// When we last asked the peer (one request per tick).
-    pub(crate) asked_at: Option<Instant>,
 }
 
 /// Where an endpoint is in its life.
@@ -215,17 +215,17 @@ pub(crate) struct Ep {
     pub(crate) on_alt: bool,
     /// After a migration, the local port of the path left behind, to re-arm once it is up.
     pub(crate) rearm_port: Option<u8>,
-    /// Not before then: re-arming makes the queue pair send MigReq = 0 again, and the peer
-    /// follows a migration only when it sees MigReq = 1, so it must have had time to.
-    pub(crate) rearm_after: Option<Instant>,
     pub(crate) last_rx: Instant,
     pub(crate) recall: RecallState,
+    /// When we last probed the silent peer (see `keepalive.rs`).
     pub(crate) keepalive_at: Option<Instant>,
-    /// A close must finish by then (set when the handle is dropped or `close` is called).
-    pub(crate) close_deadline: Option<Instant>,
-    /// Not removed before then, although down and dropped: the peer may not know yet
-    /// (see `Shared::fail`).
-    pub(crate) linger_until: Option<Instant>,
+    /// The endpoint's deadlines (`timers.rs`): the keepalive look, the close deadline (set
+    /// when the handle is dropped or `close` is called), the linger of a failed endpoint
+    /// (not removed before then, although down and dropped: the peer may not know yet),
+    /// the re-arm of a path left behind (not before then: re-arming makes the queue pair
+    /// send MigReq = 0 again, and the peer follows a migration only when it sees MigReq = 1),
+    /// the starving flag, the recall gate, the packed frame's flush.
+    pub(crate) timers: Timers,
 }
 
 /// What a peer reads in a rendezvous; held until it reports the read done (or the queue

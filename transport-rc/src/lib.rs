@@ -34,7 +34,8 @@
 
 // The modules in their layers, bottom up: each uses only those below it.
 //
-// 1. `wire` (the RC-only wire items), `util`, `ep` (per-endpoint state), `node` (XRC nodes);
+// 1. `wire` (the RC-only wire items), `util`, `timers` (each endpoint's deadlines and the
+//    queue of wakes), `ep` (per-endpoint state), `node` (XRC nodes);
 // 2. `state`: the transport's resources and state, and how handles reach them;
 // 3. `engine`: the progress engine (completions, credits, rendezvous, recall, sends,
 //    teardown, keepalives), one type's methods;
@@ -55,6 +56,7 @@ mod ep;
 mod node;
 mod setup;
 mod state;
+mod timers;
 mod transport;
 mod util;
 pub mod wire;

@@ -12,11 +12,10 @@ use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::worker::WaitSlot;
 use rdmx_core::{DisconnectCause, Error, Result};
 use rdmx_verbs::{
-    AccessFlags, AhAttr, Gid, MigState, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QueuePair,
+    AccessFlags, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair,
 };
 
-use crate::engine::timeout_exponent;
+use crate::engine::{load_alternate, timeout_exponent};
 use crate::ep::{Ep, Status};
 use crate::state::{MAX_ENDPOINTS, RcRef, Shared};
 use crate::wire::{MAILBOX_LEN, Mailbox};
@@ -63,11 +62,6 @@ pub(crate) fn to_init(qp: &QueuePair) -> Result<()> {
     Ok(())
 }
 
-/// The address vector of a peer's path.
-pub(crate) fn av(path: &PathInfo) -> AhAttr {
-    AhAttr::new(Gid(path.gid)).with_udp_port(path.udp_port)
-}
-
 /// The path MTU both sides can use (the peer's, capped by our port's).
 pub(crate) fn path_mtu(sh: &Shared, peer_mtu: u32) -> Mtu {
     Mtu::from_bytes_floor(peer_mtu.min(sh.mtu_bytes) as usize).unwrap_or(Mtu::Mtu1024)
@@ -87,7 +81,7 @@ pub(crate) fn to_rtr(
 ) -> Result<()> {
     let mut attr = QpAttr {
         qp_state: QpState::Rtr,
-        ah_attr: av(path),
+        ah_attr: crate::util::av(path),
         path_mtu: path_mtu(sh, peer_mtu),
         dest_qp_num: dest_qpn,
         rq_psn,
@@ -185,30 +179,6 @@ pub(crate) fn settle(
     }
     tracing::debug!(endpoint = id, %peer, "{what}");
     Ok(Established { key, id })
-}
-
-/// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's
-/// alternate path and asks for it to be armed (automatic path migration).
-pub(crate) fn load_alternate(
-    sh: &Shared,
-    qp: &QueuePair,
-    path: &PathInfo,
-    local_port: u8,
-) -> Result<()> {
-    let mut alt = av(path);
-    alt.port_num = local_port;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            path_mig_state: MigState::Rearm,
-            alt_ah_attr: alt,
-            alt_port_num: local_port,
-            alt_timeout: timeout_exponent(sh.cfg.peer_timeout),
-            ..QpAttr::default()
-        },
-        M::STATE | M::ALT_PATH | M::PATH_MIG_STATE,
-    )?;
-    Ok(())
 }
 
 /// Registers a new endpoint (not yet connected) and describes it for the peer. `qp` is its
@@ -318,11 +288,9 @@ pub(crate) fn register(
             paths: None,
             on_alt: false,
             rearm_port: None,
-            rearm_after: None,
             last_rx: now,
             keepalive_at: None,
-            close_deadline: None,
-            linger_until: None,
+            timers: crate::timers::Timers::default(),
             recall: crate::ep::RecallState::default(),
         });
         if xrc.is_none() {
@@ -381,6 +349,7 @@ pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
             if unfed && st.budget.spare() == 0 {
                 st.recall_scanned_at = None;
             }
+            crate::engine::start_keepalive(sh, st, cx, key);
         }
         sh.after(st, cx);
     });

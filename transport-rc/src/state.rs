@@ -27,6 +27,7 @@ use slab::Slab;
 
 use crate::ep::Ep;
 use crate::node::{Initiator, NodeEvents, NodeInner};
+use crate::timers::{Timer, TimerQueue};
 
 /// How often a context first looks at the starving flags once every posted buffer backs a
 /// credit and some endpoint holds none (a sender there can only wait to be noticed). While
@@ -140,17 +141,16 @@ pub(crate) struct State {
     pub(crate) rndv_wait: Vec<usize>,
     /// Endpoints with a packed frame open (see `send.rs`).
     pub(crate) packs: Vec<usize>,
-    /// When the pack flusher posts the open packed frames: set when a frame opens and none
-    /// is due yet.
-    pub(crate) pack_due: Option<Instant>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
     /// Some endpoint is closing, or down with its handle gone: `reap` has work.
     pub(crate) reap_pending: bool,
     /// XRC: this context's initiator towards each remote node.
     pub(crate) initiators: HashMap<u64, Initiator>,
-    /// When the background tick next runs keepalives (see `transport.rs`).
-    pub(crate) next_keepalive: Instant,
+    /// When the background tick next looks at the peers' recall words (see `recall.rs`).
+    pub(crate) next_scan: Instant,
+    /// When endpoints' timers next need a look (`timers.rs`).
+    pub(crate) timer_queue: TimerQueue,
     pub(crate) wc: Vec<WorkCompletion>,
 }
 
@@ -175,13 +175,34 @@ impl State {
             rndv_watch: Vec::new(),
             rndv_wait: Vec::new(),
             packs: Vec::new(),
-            pack_due: None,
             next_id: 1,
             stats: Stats::default(),
             reap_pending: false,
             initiators: HashMap::new(),
-            next_keepalive: now,
+            next_scan: now,
+            timer_queue: TimerQueue::default(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
+        }
+    }
+}
+
+impl State {
+    /// Sets timer `t` of endpoint `k` to `at`, queueing a wake (and telling the worker)
+    /// when that is earlier than the endpoint's next one.
+    pub(crate) fn arm(&mut self, cx: &mut Cx<'_>, k: usize, t: Timer, at: Instant) {
+        let Some(ep) = self.eps.get_mut(k) else {
+            return;
+        };
+        if let Some(w) = ep.timers.set(t, at) {
+            self.timer_queue.push(w, k, ep.id);
+            cx.schedule(w);
+        }
+    }
+
+    /// [`arm`](Self::arm), unless the timer is set already (a deadline that must not move).
+    pub(crate) fn arm_once(&mut self, cx: &mut Cx<'_>, k: usize, t: Timer, at: Instant) {
+        if self.eps.get(k).is_some_and(|ep| ep.timers.get(t).is_none()) {
+            self.arm(cx, k, t, at);
         }
     }
 }

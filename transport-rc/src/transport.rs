@@ -10,6 +10,7 @@ use rdmx_core::{Buf, Event};
 use rdmx_verbs::AsyncEvent;
 
 use crate::state::{Rc, Shared, State};
+use crate::timers::Timer;
 
 #[expect(
     unsafe_code,
@@ -46,9 +47,9 @@ unsafe impl Transport for Rc {
 
     fn next_timer(&self) -> Option<Instant> {
         let st = &self.st;
-        let mut next = st.next_keepalive;
-        if let Some(p) = st.pack_due {
-            next = next.min(p);
+        let mut next = st.next_scan;
+        if let Some(t) = st.timer_queue.peek() {
+            next = next.min(t);
         }
         // (The quicker looks at the starving flags between ticks happen in progress,
         // `Shared::after`, once they are due.)
@@ -73,21 +74,15 @@ unsafe impl Transport for Rc {
                 on_async_event(sh, st, cx, ev);
             }
         }
-        // Packed frames go within `PACK_HOLD`, however the batch that opened them is used.
-        if st.pack_due.is_some_and(|d| d <= now) {
-            st.pack_due = None;
-            if !st.packs.is_empty() {
-                sh.flush_packs(st);
-                if !st.packs.is_empty() {
-                    // No send slot now: look again soon.
-                    st.pack_due = Some(now + crate::engine::send::PACK_HOLD);
-                }
-            }
+        // The endpoints' timers (keepalives, close deadlines, lingers, re-arms, starving
+        // flags, packed frames), then the tick's look at the peers' recall words.
+        if st.timer_queue.peek().is_some_and(|t| t <= now) {
+            crate::engine::run_timers(sh, st, cx, now);
         }
-        if now >= st.next_keepalive {
-            rearm(sh, st, cx, None);
-            crate::engine::keepalive(sh, st, cx, now);
-            st.next_keepalive = now + sh.keepalive_tick();
+        if now >= st.next_scan {
+            crate::engine::recall::tick(sh, st, cx, now);
+            sh.after(st, cx);
+            st.next_scan = now + sh.keepalive_tick();
             st.recall_scanned_at = Some(now);
         }
     }
@@ -145,43 +140,6 @@ unsafe impl Transport for Rc {
     }
 }
 
-/// Loads the path an endpoint migrated away from as its new alternate, once that path's
-/// local port is active and a tick has passed since the migration (`port`: a port that just
-/// became active; `None`: check them all). Called on every tick and on `PortActive`.
-fn rearm(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, port: Option<u8>) {
-    let mut rearmed = Vec::new();
-    for (_, ep) in st.eps.iter_mut() {
-        let (Some(p), Some(paths)) = (ep.rearm_port, &ep.paths) else {
-            continue;
-        };
-        if port.is_some_and(|q| q != p) || !matches!(ep.status, crate::ep::Status::Open) {
-            continue;
-        }
-        if ep.rearm_after.is_some_and(|t| cx.now() < t) {
-            continue;
-        }
-        let up = sh
-            .vctx
-            .query_port(p)
-            .is_ok_and(|a| a.state == rdmx_verbs::PortState::Active);
-        if !up {
-            continue;
-        }
-        // Port 1 reaches the peer's primary address, port 2 its alternate.
-        let target = &paths[usize::from(p) - 1];
-        match crate::setup::load_alternate(sh, &ep.qp, target, p) {
-            Ok(()) => {
-                ep.rearm_port = None;
-                rearmed.push(ep.id);
-            }
-            Err(e) => tracing::debug!(endpoint = ep.id, "re-arming failed: {e}"),
-        }
-    }
-    for endpoint in rearmed {
-        cx.push_event(Event::PathRearmed { endpoint });
-    }
-}
-
 fn on_async_event(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, ev: AsyncEvent) {
     match ev {
         AsyncEvent::SrqLimitReached(_) => {
@@ -193,20 +151,25 @@ fn on_async_event(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, ev: AsyncEvent) 
             // every endpoint on it moved. (A node's XRC target QPs migrate on their own;
             // the endpoints hear of it through their initiators.)
             let mut any = false;
-            for (_, ep) in st.eps.iter_mut().filter(|(_, e)| e.qpn == qpn.0) {
+            let mut rearm_due = Vec::new();
+            for (k, ep) in st.eps.iter_mut().filter(|(_, e)| e.qpn == qpn.0) {
                 ep.on_alt = !ep.on_alt;
                 // The path left behind leaves from port 1 when we are now on the alternate.
                 ep.rearm_port = Some(if ep.on_alt { 1 } else { 2 });
-                ep.rearm_after = Some(cx.now() + sh.keepalive_tick());
+                rearm_due.push(k);
                 tracing::info!(endpoint = ep.id, "path migrated");
                 cx.push_event(Event::PathMigrated { endpoint: ep.id });
                 any = true;
+            }
+            let at = cx.now() + sh.keepalive_tick();
+            for k in rearm_due {
+                st.arm(cx, k, Timer::Rearm, at);
             }
             if any {
                 cx.wake_all();
             }
         }
-        AsyncEvent::PortActive(port) => rearm(sh, st, cx, Some(port)),
+        AsyncEvent::PortActive(port) => crate::engine::rearm(sh, st, cx, Some(port), None),
         AsyncEvent::SrqError(srq) if srq == sh.srq.handle() => {
             // Nothing can arrive any more: the receive queue every endpoint shares is gone
             // (for a node shared by processes, the process hosting its domain went away).

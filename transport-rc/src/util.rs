@@ -32,3 +32,8 @@ pub(crate) fn host_now() -> Instant {
 pub(crate) fn random_u64() -> u64 {
     rdmx_verbs::random_u64()
 }
+
+/// The address vector of a peer's path.
+pub(crate) fn av(path: &rdmx_core::bootstrap::PathInfo) -> rdmx_verbs::AhAttr {
+    rdmx_verbs::AhAttr::new(rdmx_verbs::Gid(path.gid)).with_udp_port(path.udp_port)
+}

@@ -113,7 +113,7 @@ pub(crate) fn target_for(sh: &Shared, node: &NodeInner, peer: &EndpointInfo) -> 
     if sh.ports >= 2
         && let Some(alt) = alt_path
     {
-        crate::setup::load_alternate(sh, &tgt, alt, 2)?;
+        crate::engine::load_alternate(sh, &tgt, alt, 2)?;
     }
     let n = tgt.qp_num().0;
     targets.insert((peer_node, ini_qpn), tgt);
@@ -175,7 +175,7 @@ fn ensure_connected(rc: &RcRef, peer_node: u64, target: u32, peer: &EndpointInfo
             if sh.ports >= 2
                 && let Some(alt) = alt
             {
-                crate::setup::load_alternate(sh, &ini.qp, alt, 2)?;
+                crate::engine::load_alternate(sh, &ini.qp, alt, 2)?;
             }
             ini.connected = true;
             ini.target = target;

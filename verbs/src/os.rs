@@ -33,7 +33,7 @@ pub(crate) mod clock {
 }
 
 /// Where a device and everything above it read the time: the host's monotonic clock, or a
-/// virtual one that only a simulation moves ([`SimNet`](crate::soft::sim::SimNet)). Virtual
+/// virtual one that only a simulation moves ([`SimNet`](crate::soft::SimNet)). Virtual
 /// time starts at an arbitrary `Instant` and advances only when told to, so code that takes
 /// its `now` from a `Clock` runs the same way on every replay of a simulation. Cheap to clone.
 #[derive(Debug, Clone, Default)]

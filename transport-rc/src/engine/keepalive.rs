@@ -1,15 +1,19 @@
-//! Keepalives: probing peers that have been silent too long, and giving up on closes that
-//! take longer than the peer timeout.
+//! Endpoint timers (see `timers.rs`): keepalives probing peers that have been silent too
+//! long, closes that take longer than the peer timeout, lingers, re-arming a path left
+//! behind by a migration, starving flags, packed frames.
 
 use std::time::{Duration, Instant};
 
-use rdmx_core::DisconnectCause;
+use rdmx_core::Result;
+use rdmx_core::bootstrap::PathInfo;
 use rdmx_core::worker::Cx;
-use rdmx_verbs::{Rkey, WrOpcode};
+use rdmx_core::{DisconnectCause, Event};
+use rdmx_verbs::{MigState, QpAttr, QpAttrMask as M, QpState, QueuePair, Rkey, WrOpcode};
 
 use super::send::{PostData, post_on};
 use crate::ep::{Hold, Status};
 use crate::state::{Shared, State};
+use crate::timers::Timer;
 use crate::wire::Mailbox;
 
 /// The local ACK timeout exponent (4.096 us * 2^t per try) so that 8 tries take about half
@@ -32,39 +36,95 @@ pub(crate) fn probe_after(peer_timeout: Duration, tick: Duration) -> Duration {
     peer_timeout.saturating_sub(tries + tick)
 }
 
-/// Background duties, every tick: probe peers that have been silent for half the peer
-/// timeout (a signaled mailbox write: a dead peer makes it exhaust its retries), and give up
-/// on closes that take longer than the peer timeout.
-pub(crate) fn keepalive(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
-    let probe = probe_after(sh.cfg.peer_timeout, sh.keepalive_tick());
-    let mut expired = Vec::new();
-    for (k, ep) in st.eps.iter_mut() {
-        if ep.linger_until.is_some_and(|t| now >= t) {
-            ep.linger_until = None;
-            st.reap_pending = true;
+/// Runs the timers of every endpoint whose wake is due at `now` (see `timers.rs`): probes
+/// of silent peers, close deadlines, lingers, path re-arms, starving flags, packed frames.
+pub(crate) fn run_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
+    let mut due = Vec::new();
+    while let Some((k, id)) = st.timer_queue.pop_due(now) {
+        if st.eps.get(k).is_some_and(|ep| ep.id == id) && !due.contains(&k) {
+            due.push(k);
         }
-        if let Some(d) = ep.close_deadline
-            && now >= d
-            && !matches!(ep.status, Status::Down(_))
-        {
-            expired.push(k);
+    }
+    for k in due {
+        endpoint_timers(sh, st, cx, k, now);
+        let Some(ep) = st.eps.get_mut(k) else {
             continue;
+        };
+        // A timer its handler left due would wake us at once for ever: none may.
+        for t in Timer::ALL {
+            if ep.timers.take_due(t, now) {
+                tracing::debug!(endpoint = ep.id, timer = ?t, "timer left due; dropped");
+            }
         }
-        if !matches!(ep.status, Status::Open | Status::Closing) {
-            continue;
+        if let Some(at) = ep.timers.requeue() {
+            st.timer_queue.push(at, k, ep.id);
         }
-        if now.duration_since(ep.last_rx) < probe || ep.signaled_out > 0 {
-            continue;
+    }
+    sh.after(st, cx);
+}
+
+/// The due timers of endpoint `k`.
+fn endpoint_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: Instant) {
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::Linger, now) {
+        st.reap_pending = true;
+    }
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::CloseDeadline, now) && !matches!(ep.status, Status::Down(_)) {
+        sh.fail(
+            st,
+            cx,
+            k,
+            DisconnectCause::PeerUnreachable("the peer did not finish closing in time".into()),
+        );
+    }
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::Keepalive, now) {
+        probe(sh, st, cx, k, now);
+    }
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::Rearm, now) {
+        rearm(sh, st, cx, None, Some(k));
+    }
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::Starving, now) && ep.recall.starved_since.is_some() {
+        sh.out_of_credit(st, cx, k);
+    }
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if ep.timers.take_due(Timer::PackFlush, now) {
+        match sh.flush_pack(st, k) {
+            // No send slot now: the progress that frees one sends it.
+            Ok(_) => {}
+            Err(e) => tracing::debug!("posting a packed frame failed: {e}"),
         }
-        // Probes are spaced the same way: a peer that dies right after answering one is
-        // found by the next within the peer timeout (spacing them half the timeout apart
-        // overshot it: 0.45 s with a 0.4 s timeout).
-        if ep
-            .keepalive_at
-            .is_some_and(|t| now.duration_since(t) < probe)
-        {
-            continue;
-        }
+    }
+}
+
+/// Starts the keepalive look of a newly opened endpoint.
+pub(crate) fn start_keepalive(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize) {
+    let at = cx.now() + probe_after(sh.cfg.peer_timeout, sh.keepalive_tick());
+    st.arm(cx, k, Timer::Keepalive, at);
+}
+
+/// The keepalive look at endpoint `k`: probes the peer if it has been silent for
+/// [`probe_after`] since its last message and our last probe (a signaled mailbox write: a
+/// dead peer makes it exhaust its retries), and sets the next look.
+fn probe(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: Instant) {
+    let after = probe_after(sh.cfg.peer_timeout, sh.keepalive_tick());
+    let Some(ep) = st.eps.get_mut(k) else { return };
+    if !matches!(ep.status, Status::Open | Status::Closing) {
+        return;
+    }
+    // Probes are spaced the same way: a peer that dies right after answering one is found by
+    // the next within the peer timeout (spacing them half the timeout apart overshot it:
+    // 0.45 s with a 0.4 s timeout).
+    let quiet_since = ep.keepalive_at.map_or(ep.last_rx, |t| t.max(ep.last_rx));
+    let next = if ep.signaled_out > 0 {
+        // Signaled work in flight answers the question (its completion or its failure).
+        now + sh.keepalive_tick()
+    } else if now.duration_since(quiet_since) < after {
+        quiet_since + after
+    } else {
         let m = Mailbox {
             grant: ep.recv.advertised,
             rndv_done: ep.rndv_in_adv,
@@ -76,18 +136,93 @@ pub(crate) fn keepalive(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Insta
         };
         if post_on(ep, op, PostData::Inline(&bytes), Hold::None, true).is_ok() {
             ep.keepalive_at = Some(now);
+            now + after
+        } else {
+            now + sh.keepalive_tick()
+        }
+    };
+    st.arm(cx, k, Timer::Keepalive, next);
+}
+
+/// Loads the path an endpoint migrated away from as its new alternate, once that path's
+/// local port is active and its re-arm timer has expired (`port`: a port that just became
+/// active; `only`: that endpoint only; `None`s: every endpoint). An endpoint whose port is
+/// not active yet looks again a tick later.
+pub(crate) fn rearm(
+    sh: &Shared,
+    st: &mut State,
+    cx: &mut Cx<'_>,
+    port: Option<u8>,
+    only: Option<usize>,
+) {
+    let now = cx.now();
+    let mut rearmed = Vec::new();
+    let mut later = Vec::new();
+    for (k, ep) in st.eps.iter_mut() {
+        if only.is_some_and(|o| o != k) {
+            continue;
+        }
+        let (Some(p), Some(paths)) = (ep.rearm_port, &ep.paths) else {
+            continue;
+        };
+        if port.is_some_and(|q| q != p) || !matches!(ep.status, Status::Open) {
+            continue;
+        }
+        if ep.timers.get(Timer::Rearm).is_some_and(|t| now < t) {
+            continue;
+        }
+        let up = sh
+            .vctx
+            .query_port(p)
+            .is_ok_and(|a| a.state == rdmx_verbs::PortState::Active);
+        if !up {
+            later.push(k);
+            continue;
+        }
+        // Port 1 reaches the peer's primary address, port 2 its alternate.
+        let target = &paths[usize::from(p) - 1];
+        match load_alternate(sh, &ep.qp, target, p) {
+            Ok(()) => {
+                ep.rearm_port = None;
+                ep.timers.clear(Timer::Rearm);
+                rearmed.push(ep.id);
+            }
+            Err(e) => {
+                tracing::debug!(endpoint = ep.id, "re-arming failed: {e}");
+                later.push(k);
+            }
         }
     }
-    super::recall::tick(sh, st, cx, now);
-    for k in expired {
-        sh.fail(
-            st,
-            cx,
-            k,
-            DisconnectCause::PeerUnreachable("the peer did not finish closing in time".into()),
-        );
+    for k in later {
+        st.arm(cx, k, Timer::Rearm, now + sh.keepalive_tick());
     }
-    sh.after(st, cx);
+    for endpoint in rearmed {
+        cx.push_event(Event::PathRearmed { endpoint });
+    }
+}
+
+/// Loads `path` (the peer's side, reached from local port `local_port`) as the queue pair's
+/// alternate path and asks for it to be armed (automatic path migration).
+pub(crate) fn load_alternate(
+    sh: &Shared,
+    qp: &QueuePair,
+    path: &PathInfo,
+    local_port: u8,
+) -> Result<()> {
+    let mut alt = crate::util::av(path);
+    alt.port_num = local_port;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            path_mig_state: MigState::Rearm,
+            alt_ah_attr: alt,
+            alt_port_num: local_port,
+            alt_timeout: timeout_exponent(sh.cfg.peer_timeout),
+            ..QpAttr::default()
+        },
+        M::STATE | M::ALT_PATH | M::PATH_MIG_STATE,
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ mod rndv;
 pub(crate) mod send;
 mod teardown;
 
-pub(crate) use keepalive::{keepalive, timeout_exponent};
+pub(crate) use keepalive::{load_alternate, rearm, run_timers, start_keepalive, timeout_exponent};
 
 use std::sync::Arc;
 use std::time::Duration;

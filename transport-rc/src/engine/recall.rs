@@ -59,6 +59,7 @@ use rdmx_verbs::{Rkey, WrOpcode};
 use super::send::{PostData, post_on};
 use crate::ep::{Hold, Status};
 use crate::state::{Shared, State};
+use crate::timers::Timer;
 
 /// Writes our recall word (`returned`, `requested`, flags) into the peer's slot of endpoint
 /// `k`.
@@ -420,7 +421,7 @@ fn feed_starving(
         .iter()
         .filter_map(|&k| {
             let ep = st.eps.get(k)?;
-            let asked_recently = ep.recall.asked_at.is_some_and(|t| now - t < PRESSURE_IDLE);
+            let asked_recently = ep.timers.get(Timer::Recall).is_some_and(|t| now < t);
             (is_idle(ep) && !asked_recently && ep.recv.outstanding() > 0)
                 .then(|| (k, ep.recv.outstanding(), ep.last_rx))
         })
@@ -440,7 +441,8 @@ fn feed_starving(
         };
         ep.recall.requested_out = Recall::next_request(ep.recall.requested_out);
         ep.recall.ask_all = all;
-        ep.recall.asked_at = Some(now);
+        // (A gate, not an action: it wakes nobody.)
+        let _ = ep.timers.set(Timer::Recall, now + PRESSURE_IDLE);
         write_recall_as(st, k, Some(Signal::RecallRequest));
     }
 }

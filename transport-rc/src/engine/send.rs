@@ -13,6 +13,7 @@ use rdmx_verbs::{SendFlags, SendWr, SharedBytes, WrOpcode};
 
 use crate::ep::{Ep, Hold, OpSource, RndvSrc, Status, wrid};
 use crate::state::{Shared, State};
+use crate::timers::Timer;
 
 /// Inline payloads up to this size are framed in a stack buffer (larger ones, possible only
 /// with a raised `RDMX_INLINE_THRESHOLD`, on the heap).
@@ -136,8 +137,8 @@ impl Shared {
 
     /// Endpoint `k` has no credit. Usually the next grant is on its way; after
     /// `STARVING_AFTER` without one, the peer is told (once) that we wait (see `recall.rs`).
-    fn out_of_credit(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
-        let ep = &mut st.eps[k];
+    pub(crate) fn out_of_credit(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
         let now = cx.now();
         let waits_since = *ep.recall.starved_since.get_or_insert(now);
         // Counted from when the last credit went: an endpoint that used it long ago (a
@@ -146,10 +147,17 @@ impl Shared {
             .recall
             .emptied_at
             .map_or(waits_since, |t| t.min(waits_since));
-        if !ep.recall.starving && now.duration_since(since) >= STARVING_AFTER {
+        if ep.recall.starving {
+            return;
+        }
+        if now.duration_since(since) >= STARVING_AFTER {
             ep.recall.starving = true;
+            ep.timers.clear(Timer::Starving);
             super::recall::write_recall(st, k);
             super::recall::lend_idle(self, st, cx, k);
+        } else {
+            // Told then, even if the application does not try again before.
+            st.arm(cx, k, Timer::Starving, since + STARVING_AFTER);
         }
     }
 
@@ -362,12 +370,9 @@ impl Shared {
         st.packs.push(k);
         st.stats.sent_packed += 1;
         Self::not_starving(st, k);
-        if st.pack_due.is_none() {
-            // However the batch is used, the frame goes within PACK_HOLD.
-            let due = cx.now() + PACK_HOLD;
-            st.pack_due = Some(due);
-            cx.schedule(due);
-        }
+        // However the batch is used, the frame goes within PACK_HOLD.
+        let due = cx.now() + PACK_HOLD;
+        st.arm(cx, k, Timer::PackFlush, due);
         Ok(true)
     }
 
@@ -385,6 +390,7 @@ impl Shared {
     fn not_starving(st: &mut State, k: usize) {
         let Some(ep) = st.eps.get_mut(k) else { return };
         ep.recall.starved_since = None;
+        ep.timers.clear(Timer::Starving);
         if ep.recall.starving {
             ep.recall.starving = false;
             super::recall::write_recall(st, k);
@@ -400,12 +406,14 @@ impl Shared {
         let Some(mut b) = ep.pack.take() else {
             return Ok(true);
         };
+        ep.timers.clear(Timer::PackFlush);
         if matches!(ep.status, Status::Down(_)) {
             // Lost with the endpoint, like the messages already posted on it.
             st.packs.retain(|&x| x != k);
             return Ok(true);
         }
         if ep.sq_used() + 1 >= ep.sq_depth {
+            // (Its flush timer is cleared: the progress that frees the send slot sends it.)
             ep.pack = Some(b);
             return Ok(false);
         }

@@ -12,6 +12,7 @@ use rdmx_verbs::{QpAttr, QpAttrMask, QpState, WcStatus, WrOpcode};
 use super::send::{PostData, post_on};
 use crate::ep::{Hold, Inbound, OpResult, OpSource, Status};
 use crate::state::{Shared, State};
+use crate::timers::Timer;
 use crate::wire::{MAILBOX_LEN, RECALL_OFF, Recall};
 
 /// How long an XRC endpoint that went down on this side is kept (with its key and its
@@ -35,6 +36,7 @@ impl Shared {
         // (An unreachable peer may only have been slow to close; if the initiator itself is
         // broken, the write fails and nothing is lost.)
         let shared_qp = Arc::strong_count(&ep.qp) > 1;
+        let mut linger = false;
         let peer_knows = matches!(
             cause,
             DisconnectCause::PeerClosed | DisconnectCause::PeerAborted
@@ -52,7 +54,7 @@ impl Shared {
             // send, and read our rendezvous buffers: its messages come through the node's
             // shared target and are routed by our key, so the key must not go to a new
             // endpoint meanwhile, nor the buffers back to the pool.
-            ep.linger_until = Some(cx.now() + LINGER);
+            linger = true;
         }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
@@ -86,9 +88,14 @@ impl Shared {
         }
         // Rendezvous buffers stay too (released with the queue pair); nobody needs to
         // watch for their release any more.
+        let id = ep.id;
         st.rndv_watch.retain(|&x| x != k);
+        if linger {
+            let at = cx.now() + LINGER;
+            st.arm(cx, k, Timer::Linger, at);
+        }
         cx.push_event(Event::Disconnected {
-            endpoint: ep.id,
+            endpoint: id,
             cause,
         });
         st.reap_pending = true;
@@ -181,7 +188,7 @@ impl Shared {
             // names its buffers has completed: the initiator goes on.)
             if ep.detached
                 && matches!(ep.status, Status::Down(_))
-                && ep.linger_until.is_none_or(|t| now >= t)
+                && ep.timers.get(Timer::Linger).is_none_or(|t| now >= t)
                 && (Arc::strong_count(&ep.qp) == 1 || !ep.lends_buffers_to_the_nic())
             {
                 remove.push(k);
@@ -190,11 +197,13 @@ impl Shared {
         for k in remove {
             self.remove(st, cx, k);
         }
-        // (A lingering endpoint is looked at again by the background tick, not by every
-        // progress call.)
+        // (A lingering endpoint is looked at again when its linger timer expires, not by
+        // every progress call.)
         st.reap_pending = st.eps.iter().any(|(_, e)| {
             e.status == Status::Closing
-                || (e.detached && matches!(e.status, Status::Down(_)) && e.linger_until.is_none())
+                || (e.detached
+                    && matches!(e.status, Status::Down(_))
+                    && e.timers.get(Timer::Linger).is_none())
         });
     }
 
