@@ -24,7 +24,8 @@ pub(crate) enum Timer {
     Linger,
     /// Re-arm the path left behind by a migration (not before then).
     Rearm,
-    /// Out of credits since a while: tell the peer that we starve.
+    /// Out of credits since then: a send that still finds none tells the peer that we
+    /// starve (a gate).
     Starving,
     /// A recall request of ours may be repeated from then on.
     Recall,
@@ -48,10 +49,11 @@ impl Timer {
         self as usize
     }
 
-    /// Whether the transport acts when this timer expires (a `Recall` deadline is only a
-    /// gate: nothing happens at it, so nothing wakes for it).
-    fn wakes(self) -> bool {
-        !matches!(self, Self::Recall)
+    /// Whether the transport acts when this timer expires (`Recall` and `Starving` are
+    /// gates, looked at by what they gate: nothing happens at them, so nothing wakes for
+    /// them).
+    pub(crate) fn wakes(self) -> bool {
+        !matches!(self, Self::Recall | Self::Starving)
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn probe_after(peer_timeout: Duration, tick: Duration) -> Duration {
 }
 
 /// Runs the timers of every endpoint whose wake is due at `now` (see `timers.rs`): probes
-/// of silent peers, close deadlines, lingers, path re-arms, starving flags, packed frames.
+/// of silent peers, close deadlines, lingers, path re-arms, packed frames.
 pub(crate) fn run_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
     let mut due = Vec::new();
     while let Some((k, id)) = st.timer_queue.pop_due(now) {
@@ -51,7 +51,7 @@ pub(crate) fn run_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Inst
             continue;
         };
         // A timer its handler left due would wake us at once for ever: none may.
-        for t in Timer::ALL {
+        for t in Timer::ALL.into_iter().filter(|t| t.wakes()) {
             if ep.timers.take_due(t, now) {
                 tracing::debug!(endpoint = ep.id, timer = ?t, "timer left due; dropped");
             }
@@ -85,10 +85,6 @@ fn endpoint_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: 
     let Some(ep) = st.eps.get_mut(k) else { return };
     if ep.timers.take_due(Timer::Rearm, now) {
         rearm(sh, st, cx, None, Some(k));
-    }
-    let Some(ep) = st.eps.get_mut(k) else { return };
-    if ep.timers.take_due(Timer::Starving, now) && ep.recall.starved_since.is_some() {
-        sh.out_of_credit(st, cx, k);
     }
     let Some(ep) = st.eps.get_mut(k) else { return };
     if ep.timers.take_due(Timer::PackFlush, now) {
