@@ -1,0 +1,23 @@
+//! # rdmx-ud
+//!
+//! UD endpoints for rdmx: reliable, ordered, flow-controlled messages between any number of
+//! peers over a small fixed number of datagram queue pairs per context (eRPC's design, UCX's
+//! `ud` transport): queue pairs and per-peer memory stop growing with the cluster.
+//!
+//! This first part is the protocol, sans I/O: the datagram format ([`wire`]) and one peer's
+//! session ([`session`]): per-peer sequence numbers, cumulative and selective
+//! acknowledgements, retransmission on timeout, duplicate suppression, a send window,
+//! receive credits that bound memory, segmentation and reassembly above the datagram size,
+//! small messages packed together, an orderly close, keepalives and peer death. Time comes
+//! in as arguments, so a seeded simulation drives it (`tests/session_sim.rs`). The
+//! transport over the worker (queue pairs, address handles, the shared receive budget, the
+//! set-up over the side channel, endpoints) builds on it.
+#![deny(unsafe_code)]
+
+// The modules in their layers, bottom up: `seq` < `wire` < `session`.
+pub mod seq;
+pub mod session;
+pub mod wire;
+
+pub use seq::Seq;
+pub use session::{Cause, SendError, Session, SessionConfig, SessionStats};

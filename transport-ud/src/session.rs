@@ -1,0 +1,999 @@
+//! One peer's message stream over datagrams: exactly once, in order, flow-controlled. Sans
+//! I/O: datagrams come in through [`Session::handle_datagram`] and go out through
+//! [`Session::poll_transmit`], time comes in as arguments, and the caller runs
+//! [`Session::handle_timeout`] at [`Session::poll_timeout`].
+//!
+//! **Sending.** Messages queue (up to `max_queued` bytes: then `WouldBlock`) and leave as
+//! datagrams of at most `max_datagram` bytes: a message too long for one is cut into
+//! segments (`FIRST` carries its length); several small queued messages share one datagram
+//! (`Packed`). Each datagram has a sequence number; at most `send_window` are in flight, and
+//! none beyond the credit the peer granted. The peer acknowledges cumulatively, with a bitmap
+//! of the 32 packets after (selective); after a retransmission timeout (doubling, up to
+//! `max_rto`) the unacknowledged, unselected packets go again, asking for an immediate
+//! acknowledgement. A peer that acknowledges nothing for `peer_timeout` is unreachable.
+//!
+//! **Receiving.** The credit granted is `recv_window` packets beyond what the application
+//! has not taken yet (whole messages waiting, and the segments of the one being
+//! reassembled): memory is bounded whatever the peer does, and a receiver holding packets
+//! out of order holds them inside that credit. Duplicates and packets beyond the credit are
+//! dropped and counted; acknowledgements go with the next datagram, or alone after
+//! `ack_delay`, at once for out-of-order packets and retransmissions.
+//!
+//! **Closing.** `close` queues a `Fin` after the last message; the peer delivers everything
+//! before it, then answers with its own. A silent peer is probed after a quiet spell and
+//! declared unreachable after `peer_timeout` without a datagram; a sender waiting for credit
+//! probes so that a lost credit update cannot stall it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::seq::Seq;
+use crate::wire::{self, HEADER_LEN, Header, Kind, MSG_LEN_PREFIX, PACKED_ENTRY_LEN, flags};
+
+/// How a session behaves.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Largest datagram (header included): the path MTU's payload.
+    pub max_datagram: usize,
+    /// Largest message either way.
+    pub max_message: usize,
+    /// Datagrams in flight at most.
+    pub send_window: u32,
+    /// Datagrams the peer may send beyond what the application has not taken yet.
+    pub recv_window: u32,
+    /// Bytes of messages queued for sending before `send` says `WouldBlock`.
+    pub max_queued: usize,
+    /// Messages up to this size may share a datagram.
+    pub pack_max: usize,
+    /// First retransmission timeout.
+    pub rto: Duration,
+    /// Longest retransmission timeout.
+    pub max_rto: Duration,
+    /// An acknowledgement waits at most this long for a datagram to ride on.
+    pub ack_delay: Duration,
+    /// A peer silent (or acknowledging nothing) this long is unreachable.
+    pub peer_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            max_datagram: 4096,
+            max_message: 64 << 20,
+            send_window: 64,
+            recv_window: 64,
+            max_queued: 1 << 20,
+            pack_max: 256,
+            rto: Duration::from_millis(5),
+            max_rto: Duration::from_millis(200),
+            ack_delay: Duration::from_micros(50),
+            peer_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// This side closed, and the peer confirmed.
+    LocalClose,
+    /// The peer closed in order: everything it sent was delivered.
+    PeerClosed,
+    /// The peer stopped answering.
+    PeerUnreachable,
+    /// The peer broke the protocol (what it did).
+    Protocol(String),
+}
+
+/// Why `send` refused a message.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SendError {
+    /// The send queue is full: try again once datagrams are acknowledged.
+    #[error("the send queue is full")]
+    WouldBlock,
+    /// Longer than `max_message`.
+    #[error("message of {len} bytes; the limit is {max}")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The session is closing or closed.
+    #[error("the session is closed")]
+    Closed,
+}
+
+/// What a session counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Datagrams sent (first transmissions and retransmissions, acknowledgements).
+    pub sent: u64,
+    /// Of those, retransmissions.
+    pub retransmits: u64,
+    /// Of those, acknowledgements and probes sent alone.
+    pub acks: u64,
+    /// Datagrams received and accepted.
+    pub received: u64,
+    /// Duplicates dropped.
+    pub duplicates: u64,
+    /// Datagrams that arrived ahead of a missing one (held, inside the credit).
+    pub out_of_order: u64,
+    /// Datagrams dropped: beyond the credit granted, or acknowledging what was never sent.
+    pub refused: u64,
+    /// Messages delivered whole.
+    pub delivered: u64,
+    /// Messages that shared a datagram.
+    pub packed: u64,
+}
+
+/// A datagram sent and not yet acknowledged.
+#[derive(Debug)]
+struct Sent {
+    seq: Seq,
+    kind: Kind,
+    flags: u8,
+    payload: Vec<u8>,
+    sacked: bool,
+}
+
+/// A datagram received ahead of a missing one.
+#[derive(Debug)]
+struct Held {
+    kind: Kind,
+    flags: u8,
+    payload: Vec<u8>,
+}
+
+/// The message being reassembled.
+#[derive(Debug)]
+struct Partial {
+    buf: Vec<u8>,
+    want: usize,
+    packets: u32,
+}
+
+/// One peer's stream (see the module docs).
+#[derive(Debug)]
+pub struct Session {
+    cfg: SessionConfig,
+    /// What the peer's datagrams must carry.
+    token: u32,
+    /// The peer's session id and token, for our datagrams.
+    peer_id: u32,
+    peer_token: u32,
+
+    queue: VecDeque<Vec<u8>>,
+    queued_bytes: usize,
+    /// Bytes of the queue's first message already sent.
+    head_off: usize,
+    /// The application closed this side.
+    local_close: bool,
+    /// Our `Fin` is due (the application closed, or the peer did and we answer).
+    closed_here: bool,
+    fin_sent: bool,
+    fin_acked: bool,
+    next_seq: Seq,
+    snd_una: Seq,
+    peer_credit: Seq,
+    inflight: VecDeque<Sent>,
+    retransmit: VecDeque<Seq>,
+    rto_at: Option<Instant>,
+    backoff: u32,
+    /// When the peer last acknowledged something new (or we started waiting for it).
+    progress_at: Instant,
+
+    rcv_next: Seq,
+    /// Datagrams `rcv_next + i` received ahead of `rcv_next`.
+    ahead: VecDeque<Option<Held>>,
+    partial: Option<Partial>,
+    inbox: VecDeque<(Vec<u8>, u32)>,
+    /// Packets of the whole messages the application has not taken yet.
+    held: u32,
+    /// The highest credit ever told: the peer may send up to it whatever we hold since.
+    granted: Seq,
+    peer_fin: bool,
+    ack_now: bool,
+    ack_at: Option<Instant>,
+    /// The credit we last told the peer.
+    credit_told: Seq,
+    last_rx: Instant,
+    /// A probe (an acknowledgement that asks for one) is due.
+    probe_due: bool,
+    /// When a sender stalled on credit probes next.
+    probe_at: Option<Instant>,
+    /// When a quiet peer is probed next (keepalive).
+    keepalive_at: Instant,
+    dead: Option<Cause>,
+    stats: SessionStats,
+}
+
+impl Session {
+    /// A session whose datagrams carry `token`, towards the peer's session `peer_id` with
+    /// `peer_token`, both sides starting at `first` sent and `peer_first` received (the
+    /// set-up exchanges them).
+    pub fn new(
+        cfg: SessionConfig,
+        token: u32,
+        peer_id: u32,
+        peer_token: u32,
+        first: Seq,
+        peer_first: Seq,
+        now: Instant,
+    ) -> Self {
+        let credit = peer_first.plus(cfg.recv_window);
+        Self {
+            token,
+            peer_id,
+            peer_token,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            head_off: 0,
+            local_close: false,
+            closed_here: false,
+            fin_sent: false,
+            fin_acked: false,
+            next_seq: first,
+            snd_una: first,
+            // Until the peer says otherwise: the window both sides configure.
+            peer_credit: first.plus(cfg.recv_window),
+            inflight: VecDeque::new(),
+            retransmit: VecDeque::new(),
+            rto_at: None,
+            backoff: 0,
+            progress_at: now,
+            rcv_next: peer_first,
+            ahead: VecDeque::new(),
+            partial: None,
+            inbox: VecDeque::new(),
+            held: 0,
+            granted: credit,
+            peer_fin: false,
+            ack_now: false,
+            ack_at: None,
+            credit_told: credit,
+            last_rx: now,
+            probe_due: false,
+            probe_at: None,
+            keepalive_at: now + cfg.peer_timeout / 3,
+            dead: None,
+            stats: SessionStats::default(),
+            cfg,
+        }
+    }
+
+    // ------------------------------------------------------------------ application side
+
+    /// Queues a message.
+    ///
+    /// # Errors
+    /// [`SendError`]: full queue, too large, closed.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), SendError> {
+        if self.closed_here || self.dead.is_some() || self.peer_fin {
+            return Err(SendError::Closed);
+        }
+        if msg.len() > self.cfg.max_message {
+            return Err(SendError::TooLarge {
+                len: msg.len(),
+                max: self.cfg.max_message,
+            });
+        }
+        if !self.queue.is_empty() && self.queued_bytes + msg.len() > self.cfg.max_queued {
+            return Err(SendError::WouldBlock);
+        }
+        self.queued_bytes += msg.len();
+        self.queue.push_back(msg.to_vec());
+        Ok(())
+    }
+
+    /// The next message, in order.
+    pub fn recv(&mut self) -> Option<Vec<u8>> {
+        let (m, packets) = self.inbox.pop_front()?;
+        self.held = self.held.saturating_sub(packets);
+        self.stats.delivered += 1;
+        // A peer stalled on credit hears of the room as soon as half a window opened.
+        if self.credit().since(self.credit_told) >= i64::from(self.cfg.recv_window / 2).max(1) {
+            self.ack_now = true;
+        }
+        Some(m)
+    }
+
+    /// Closes this side in order: what is queued goes first, then the `Fin`.
+    pub fn close(&mut self) {
+        self.local_close = true;
+        self.closed_here = true;
+    }
+
+    /// Why the session is over, once it is: the peer's close once its messages are all
+    /// taken, ours once the peer confirmed it, or what went wrong.
+    pub fn cause(&self) -> Option<Cause> {
+        if let Some(c) = &self.dead {
+            return Some(c.clone());
+        }
+        if self.peer_fin && self.inbox.is_empty() {
+            // (Our answering Fin may still be on its way: the stream itself is over.)
+            return Some(if self.local_close {
+                Cause::LocalClose
+            } else {
+                Cause::PeerClosed
+            });
+        }
+        None
+    }
+
+    /// Whether the session has nothing left to do: dead, or both sides closed and
+    /// confirmed, and every message taken.
+    pub fn is_finished(&self) -> bool {
+        self.dead.is_some() || (self.peer_fin && self.fin_acked && self.inbox.is_empty())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SessionStats {
+        self.stats
+    }
+
+    /// Bytes queued and not yet sent.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Datagrams sent and not yet acknowledged.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Packets of the whole messages waiting for the application.
+    pub fn held_packets(&self) -> u32 {
+        self.held
+    }
+
+    /// Datagrams held out of order (each one a receive buffer).
+    pub fn held_ahead(&self) -> usize {
+        self.ahead.iter().filter(|h| h.is_some()).count()
+    }
+
+    // ------------------------------------------------------------------ network side
+
+    /// The credit we grant now: `recv_window` packets beyond the whole messages the
+    /// application has not taken. (The message being reassembled holds none: its bytes are
+    /// copied out as they come, and a message longer than the window must be able to
+    /// complete.) Never below what was told already: a peer may use a credit once told.
+    fn credit(&self) -> Seq {
+        let now = self
+            .rcv_next
+            .plus(self.cfg.recv_window.saturating_sub(self.held));
+        if now.before(self.granted) {
+            self.granted
+        } else {
+            now
+        }
+    }
+
+    /// The selective acknowledgement of the 32 packets after `rcv_next`.
+    fn sack(&self) -> u32 {
+        let mut bits = 0u32;
+        for (i, h) in self.ahead.iter().enumerate().skip(1).take(32) {
+            if h.is_some() {
+                bits |= 1 << (i - 1);
+            }
+        }
+        bits
+    }
+
+    fn header(&self, kind: Kind, flags: u8, seq: Seq, len: usize) -> Header {
+        Header {
+            kind,
+            flags,
+            dst_session: self.peer_id,
+            dst_token: self.peer_token,
+            seq,
+            ack: self.rcv_next,
+            sack: self.sack(),
+            credit: self.credit(),
+            len: len as u16,
+        }
+    }
+
+    /// Writes the next datagram to send into `out` (at least `max_datagram` bytes) and
+    /// returns its length; `None` when nothing is to be sent now.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut [u8]) -> Option<usize> {
+        if self.dead.is_some() || out.len() < HEADER_LEN {
+            return None;
+        }
+        let room = self.cfg.max_datagram.min(out.len()) - HEADER_LEN;
+        // Retransmissions first.
+        while let Some(seq) = self.retransmit.pop_front() {
+            let Some(s) = self.inflight.iter().find(|s| s.seq == seq && !s.sacked) else {
+                continue;
+            };
+            let h = self.header(s.kind, s.flags | flags::ACK_NOW, s.seq, s.payload.len());
+            let n = HEADER_LEN + s.payload.len();
+            let Some(dst) = out.get_mut(HEADER_LEN..n) else {
+                continue;
+            };
+            dst.copy_from_slice(&s.payload);
+            h.write(out);
+            self.after_send(now, true);
+            self.stats.retransmits += 1;
+            return Some(n);
+        }
+        // New data, within the window and the peer's credit.
+        let may = self.inflight.len() < self.cfg.send_window as usize
+            && self.next_seq.before(self.peer_credit);
+        if may
+            && room > MSG_LEN_PREFIX
+            && let Some((kind, fl, payload)) = self.next_payload(room)
+        {
+            let seq = self.next_seq;
+            self.next_seq = seq.next();
+            let h = self.header(kind, fl, seq, payload.len());
+            let n = HEADER_LEN + payload.len();
+            h.write(out);
+            out[HEADER_LEN..n].copy_from_slice(&payload);
+            if self.inflight.is_empty() {
+                self.progress_at = now;
+                self.rto_at = Some(now + self.rto());
+            }
+            self.inflight.push_back(Sent {
+                seq,
+                kind,
+                flags: fl,
+                payload,
+                sacked: false,
+            });
+            self.after_send(now, false);
+            return Some(n);
+        }
+        // Data waits for credit with nothing in flight: probe, or a lost credit update
+        // would stall us for ever.
+        let stalled = !may && self.inflight.is_empty() && self.has_unsent();
+        if stalled && self.probe_at.is_none() {
+            self.probe_at = Some(now + self.rto());
+        }
+        let ack_due = self.ack_now || self.ack_at.is_some_and(|t| t <= now);
+        if ack_due || self.probe_due {
+            let fl = if self.probe_due { flags::ACK_NOW } else { 0 };
+            let h = self.header(Kind::Ack, fl, self.next_seq, 0);
+            h.write(out);
+            self.probe_due = false;
+            self.after_send(now, false);
+            self.stats.acks += 1;
+            return Some(HEADER_LEN);
+        }
+        None
+    }
+
+    /// Every datagram carries our acknowledgement and credit: nothing is owed after one.
+    fn after_send(&mut self, _now: Instant, _retransmission: bool) {
+        self.stats.sent += 1;
+        self.ack_now = false;
+        self.ack_at = None;
+        self.credit_told = self.credit();
+        self.granted = self.credit_told;
+    }
+
+    fn has_unsent(&self) -> bool {
+        !self.queue.is_empty() || (self.closed_here && !self.fin_sent)
+    }
+
+    /// The payload of the next new datagram: a segment of the first queued message, several
+    /// small messages packed, or the `Fin`.
+    fn next_payload(&mut self, room: usize) -> Option<(Kind, u8, Vec<u8>)> {
+        let first_len = self.queue.front().map(Vec::len);
+        let Some(len) = first_len else {
+            if self.closed_here && !self.fin_sent {
+                self.fin_sent = true;
+                return Some((Kind::Fin, 0, Vec::new()));
+            }
+            return None;
+        };
+        let packable = |n: usize| n <= self.cfg.pack_max && n <= usize::from(u16::MAX);
+        let second_fits = self
+            .queue
+            .get(1)
+            .is_some_and(|m| packable(m.len()) && 2 * PACKED_ENTRY_LEN + len + m.len() <= room);
+        if self.head_off == 0 && packable(len) && second_fits {
+            let mut p = Vec::with_capacity(room);
+            let mut count = 0;
+            while let Some(m) = self.queue.front() {
+                if !packable(m.len()) || p.len() + PACKED_ENTRY_LEN + m.len() > room {
+                    break;
+                }
+                p.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                p.extend_from_slice(m);
+                self.queued_bytes -= m.len();
+                self.queue.pop_front();
+                count += 1;
+            }
+            self.stats.packed += count;
+            return Some((Kind::Packed, 0, p));
+        }
+        let msg = self.queue.front()?;
+        let mut fl = 0;
+        let mut p = Vec::with_capacity(room);
+        if self.head_off == 0 {
+            fl |= flags::FIRST;
+            p.extend_from_slice(&(len as u32).to_be_bytes());
+        }
+        let take = (room - p.len()).min(len - self.head_off);
+        p.extend_from_slice(&msg[self.head_off..self.head_off + take]);
+        self.head_off += take;
+        if self.head_off == len {
+            fl |= flags::LAST;
+            self.queued_bytes -= len;
+            self.head_off = 0;
+            self.queue.pop_front();
+        }
+        Some((Kind::Data, fl, p))
+    }
+
+    /// The retransmission timeout now: doubling from `rto` with every timeout in a row, up
+    /// to `max_rto` and to an eighth of the peer timeout (so that eight tries fit before a
+    /// peer that acknowledges nothing is given up on).
+    fn rto(&self) -> Duration {
+        let cap = self
+            .cfg
+            .max_rto
+            .min(self.cfg.peer_timeout / 8)
+            .max(self.cfg.rto);
+        (self.cfg.rto * (1u32 << self.backoff.min(16))).min(cap)
+    }
+
+    /// Takes a datagram of this session (its header checked by [`Header::parse`] and
+    /// addressed to us). Datagrams that do not belong are dropped and counted; a peer that
+    /// breaks the protocol ends the session (`Cause::Protocol`).
+    pub fn handle_datagram(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+        if self.dead.is_some() {
+            return;
+        }
+        if h.dst_token != self.token {
+            self.stats.refused += 1;
+            return;
+        }
+        // An acknowledgement of what we never sent is forged (or from another life of the
+        // session): drop the whole datagram. (One behind ours is only old: reordered.)
+        if h.ack.since(self.next_seq) > 0 {
+            self.stats.refused += 1;
+            return;
+        }
+        if h.kind.is_sequenced() {
+            let off = h.seq.since(self.rcv_next);
+            let limit = self.credit().since(self.rcv_next);
+            if off >= limit {
+                self.stats.refused += 1;
+                return;
+            }
+            if off < 0 {
+                // Our acknowledgement was lost: say it again.
+                self.stats.duplicates += 1;
+                self.ack_now = true;
+                self.take_ack(now, h);
+                self.last_rx = now;
+                self.keepalive_at = now + self.probe_after();
+                return;
+            }
+        }
+        self.last_rx = now;
+        self.keepalive_at = now + self.probe_after();
+        self.stats.received += 1;
+        self.take_ack(now, h);
+        if h.has(flags::ACK_NOW) {
+            self.ack_now = true;
+        }
+        if !h.kind.is_sequenced() {
+            return;
+        }
+        let off = h.seq.since(self.rcv_next) as usize;
+        while self.ahead.len() <= off {
+            self.ahead.push_back(None);
+        }
+        if self.ahead[off].is_some() {
+            self.stats.duplicates += 1;
+            self.ack_now = true;
+            return;
+        }
+        self.ahead[off] = Some(Held {
+            kind: h.kind,
+            flags: h.flags,
+            payload: payload.to_vec(),
+        });
+        if off > 0 {
+            self.stats.out_of_order += 1;
+            self.ack_now = true;
+            return;
+        }
+        let mut delivered = 0u32;
+        while let Some(Some(_)) = self.ahead.front() {
+            let Some(Some(p)) = self.ahead.pop_front() else {
+                break;
+            };
+            self.rcv_next = self.rcv_next.next();
+            delivered += 1;
+            if let Err(why) = self.in_order(p) {
+                self.die(Cause::Protocol(why));
+                return;
+            }
+        }
+        // Acknowledge every other datagram at once, the rest after `ack_delay` unless a
+        // datagram of ours carries it first.
+        if delivered >= 2 || self.ack_at.is_some() {
+            self.ack_now = true;
+        } else {
+            self.ack_at = Some(now + self.cfg.ack_delay);
+        }
+    }
+
+    /// The acknowledgement and credit of a datagram from the peer.
+    fn take_ack(&mut self, now: Instant, h: &Header) {
+        if h.ack.before(self.snd_una) {
+            // An old datagram, overtaken: its acknowledgement says nothing new.
+            return;
+        }
+        if h.credit.since(self.peer_credit) > 0 {
+            self.peer_credit = h.credit;
+            self.probe_at = None;
+        }
+        let mut advanced = false;
+        while let Some(s) = self.inflight.front() {
+            if !s.seq.before(h.ack) {
+                break;
+            }
+            if s.kind == Kind::Fin {
+                self.fin_acked = true;
+            }
+            self.inflight.pop_front();
+            advanced = true;
+        }
+        if advanced {
+            self.snd_una = h.ack;
+            self.backoff = 0;
+            self.progress_at = now;
+            self.rto_at = (!self.inflight.is_empty()).then(|| now + self.rto());
+        }
+        for s in self.inflight.iter_mut() {
+            let i = s.seq.since(h.ack) - 1;
+            if (0..32).contains(&i) && h.sack & (1 << i) != 0 {
+                s.sacked = true;
+            }
+        }
+    }
+
+    /// A datagram whose turn has come.
+    fn in_order(&mut self, p: Held) -> Result<(), String> {
+        if self.peer_fin {
+            return Err("a datagram after the peer's Fin".into());
+        }
+        match p.kind {
+            Kind::Data => {
+                let first = p.flags & flags::FIRST != 0;
+                let mut data = &p.payload[..];
+                match (&mut self.partial, first) {
+                    (Some(_), true) => return Err("a message began inside another".into()),
+                    (None, false) => return Err("a segment outside any message".into()),
+                    (None, true) => {
+                        let (len, rest) = data
+                            .split_at_checked(MSG_LEN_PREFIX)
+                            .ok_or("a first segment without its length")?;
+                        let want = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                        if want > self.cfg.max_message {
+                            return Err(format!(
+                                "a message of {want} bytes; the limit is {}",
+                                self.cfg.max_message
+                            ));
+                        }
+                        data = rest;
+                        // Grown as segments come: a peer announcing a large message
+                        // reserves nothing until it sends it.
+                        self.partial = Some(Partial {
+                            buf: Vec::with_capacity(want.min(1 << 16)),
+                            want,
+                            packets: 0,
+                        });
+                    }
+                    (Some(_), false) => {}
+                }
+                let part = self.partial.as_mut().ok_or("no partial message")?;
+                if part.buf.len() + data.len() > part.want {
+                    return Err("a message longer than its length".into());
+                }
+                part.buf.extend_from_slice(data);
+                part.packets += 1;
+                if p.flags & flags::LAST != 0 {
+                    let part = self.partial.take().ok_or("no partial message")?;
+                    if part.buf.len() != part.want {
+                        return Err("a message shorter than its length".into());
+                    }
+                    self.held += part.packets;
+                    self.inbox.push_back((part.buf, part.packets));
+                }
+            }
+            Kind::Packed => {
+                if self.partial.is_some() {
+                    return Err("packed messages inside a message".into());
+                }
+                let entries =
+                    wire::packed_entries(&p.payload).ok_or("a malformed packed datagram")?;
+                let last = entries.len() - 1;
+                for (i, m) in entries.into_iter().enumerate() {
+                    if m.len() > self.cfg.max_message {
+                        return Err("a packed message over the limit".into());
+                    }
+                    // The datagram is freed with its last message.
+                    self.inbox.push_back((m.to_vec(), u32::from(i == last)));
+                }
+                self.held += 1;
+            }
+            Kind::Fin => {
+                if self.partial.is_some() {
+                    return Err("a Fin inside a message".into());
+                }
+                self.peer_fin = true;
+                // Answer with ours (after what we still have to send), and acknowledge at
+                // once: the peer's close waits for it.
+                self.closed_here = true;
+                self.ack_now = true;
+            }
+            Kind::Ack => return Err("an acknowledgement in sequence".into()),
+        }
+        Ok(())
+    }
+
+    fn die(&mut self, cause: Cause) {
+        tracing::debug!(?cause, "UD session down");
+        self.dead = Some(cause);
+        self.inflight.clear();
+        self.retransmit.clear();
+        self.queue.clear();
+        self.queued_bytes = 0;
+        self.rto_at = None;
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.dead.is_some() || self.is_finished() {
+            return None;
+        }
+        let death = self.last_rx + self.cfg.peer_timeout;
+        [
+            self.rto_at,
+            self.ack_at,
+            self.probe_at,
+            Some(self.keepalive_at),
+            Some(death),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Quiet time before a keepalive probe.
+    fn probe_after(&self) -> Duration {
+        self.cfg.peer_timeout / 3
+    }
+
+    /// Runs what is due at `now`: retransmissions, delayed acknowledgements, probes, and the
+    /// verdict on a silent peer.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.dead.is_some() || self.is_finished() {
+            return;
+        }
+        let silent = now.saturating_duration_since(self.last_rx);
+        let stuck = !self.inflight.is_empty()
+            && now.saturating_duration_since(self.progress_at) >= self.cfg.peer_timeout;
+        if silent >= self.cfg.peer_timeout || stuck {
+            self.die(Cause::PeerUnreachable);
+            return;
+        }
+        if self.rto_at.is_some_and(|t| t <= now) && !self.inflight.is_empty() {
+            self.retransmit = self
+                .inflight
+                .iter()
+                .filter(|s| !s.sacked)
+                .map(|s| s.seq)
+                .collect();
+            if self.retransmit.is_empty() {
+                // Everything left was selected: the cumulative acknowledgement was lost.
+                self.probe_due = true;
+            }
+            self.backoff += 1;
+            self.rto_at = Some(now + self.rto());
+        }
+        if self.ack_at.is_some_and(|t| t <= now) {
+            self.ack_now = true;
+        }
+        if self.probe_at.is_some_and(|t| t <= now) {
+            self.probe_due = true;
+            self.probe_at = Some(now + self.rto());
+        }
+        if self.keepalive_at <= now {
+            // Quiet for a while: make sure the peer is there (again a third of the peer
+            // timeout later if it stays quiet, so that two probes fit before the verdict).
+            if self.inflight.is_empty() {
+                self.probe_due = true;
+            }
+            self.keepalive_at = now + self.probe_after();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cfg: &SessionConfig, now: Instant) -> (Session, Session) {
+        (
+            Session::new(cfg.clone(), 11, 2, 22, Seq(100), Seq(5), now),
+            Session::new(cfg.clone(), 22, 1, 11, Seq(5), Seq(100), now),
+        )
+    }
+
+    /// Moves datagrams both ways over a perfect link until neither side has any; returns
+    /// how many moved.
+    fn pump(a: &mut Session, b: &mut Session, now: Instant) -> usize {
+        let mut buf = vec![0u8; 8192];
+        let mut moved = 0;
+        let mut hop = |from: &mut Session, to: &mut Session| {
+            let mut n_moved = 0;
+            while let Some(n) = from.poll_transmit(now, &mut buf) {
+                let (h, p) = Header::parse(&buf[..n]).expect("our own datagram parses");
+                to.handle_datagram(now, &h, p);
+                n_moved += 1;
+            }
+            n_moved
+        };
+        loop {
+            let n = hop(a, b) + hop(b, a);
+            if n == 0 {
+                return moved;
+            }
+            moved += n;
+        }
+    }
+
+    #[test]
+    fn a_message_longer_than_the_receive_window_completes() {
+        // Its segments must not hold credit while it is reassembled, or it never could.
+        let cfg = SessionConfig {
+            max_datagram: 128,
+            recv_window: 2,
+            send_window: 2,
+            ..SessionConfig::default()
+        };
+        let now = Instant::now();
+        let (mut a, mut b) = pair(&cfg, now);
+        let msg: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        a.send(&msg).unwrap();
+        a.send(b"after").unwrap();
+        pump(&mut a, &mut b, now);
+        assert_eq!(b.recv().as_deref(), Some(&msg[..]));
+        // The big message holds the credit until it is taken: the next one waits...
+        pump(&mut a, &mut b, now);
+        assert_eq!(b.recv().as_deref(), Some(&b"after"[..]));
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_receiver_that_does_not_read_stops_the_sender_and_holds_its_window() {
+        let cfg = SessionConfig {
+            recv_window: 4,
+            max_queued: 1 << 20,
+            pack_max: 0,
+            ..SessionConfig::default()
+        };
+        let now = Instant::now();
+        let (mut a, mut b) = pair(&cfg, now);
+        for i in 0..20u32 {
+            a.send(&i.to_be_bytes()).unwrap();
+        }
+        pump(&mut a, &mut b, now);
+        assert_eq!(b.held_packets(), 4, "the window and no more");
+        assert_eq!(a.queued_bytes(), 16 * 4);
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            while let Some(m) = b.recv() {
+                got.push(u32::from_be_bytes(m[..4].try_into().unwrap()));
+            }
+            pump(&mut a, &mut b, now);
+        }
+        assert_eq!(got, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn forged_and_stale_datagrams_are_counted_and_change_nothing() {
+        let cfg = SessionConfig::default();
+        let now = Instant::now();
+        let (mut a, mut b) = pair(&cfg, now);
+        a.send(b"one").unwrap();
+        let mut buf = vec![0u8; 8192];
+        let n = a.poll_transmit(now, &mut buf).unwrap();
+        let (h, p) = Header::parse(&buf[..n]).unwrap();
+        // The wrong token, an acknowledgement of what b never sent, a sequence number far
+        // beyond the credit.
+        for forged in [
+            Header { dst_token: 99, ..h },
+            Header {
+                ack: Seq(5).plus(1000),
+                ..h
+            },
+            Header {
+                seq: h.seq.plus(10_000),
+                ..h
+            },
+        ] {
+            b.handle_datagram(now, &forged, p);
+        }
+        assert_eq!(b.stats().refused, 3);
+        assert!(b.recv().is_none());
+        b.handle_datagram(now, &h, p);
+        b.handle_datagram(now, &h, p);
+        assert_eq!(b.stats().duplicates, 1);
+        assert_eq!(b.recv().as_deref(), Some(&b"one"[..]));
+        assert!(b.recv().is_none());
+        assert_eq!(b.cause(), None);
+    }
+
+    #[test]
+    fn a_peer_announcing_a_message_over_the_limit_breaks_the_protocol() {
+        let cfg = SessionConfig {
+            max_message: 1000,
+            ..SessionConfig::default()
+        };
+        let big = SessionConfig {
+            max_message: 100_000,
+            ..SessionConfig::default()
+        };
+        let now = Instant::now();
+        let mut a = Session::new(big, 11, 2, 22, Seq(100), Seq(5), now);
+        let mut b = Session::new(cfg, 22, 1, 11, Seq(5), Seq(100), now);
+        a.send(&[0u8; 5000]).unwrap();
+        pump(&mut a, &mut b, now);
+        assert!(matches!(b.cause(), Some(Cause::Protocol(m)) if m.contains("limit")));
+    }
+
+    #[test]
+    fn a_silent_peer_is_unreachable_within_the_peer_timeout() {
+        let cfg = SessionConfig {
+            peer_timeout: Duration::from_millis(300),
+            ..SessionConfig::default()
+        };
+        let t0 = Instant::now();
+        let (mut a, _b) = pair(&cfg, t0);
+        a.send(b"lost").unwrap();
+        let mut buf = vec![0u8; 8192];
+        let mut now = t0;
+        let mut steps = 0;
+        while a.cause().is_none() {
+            while a.poll_transmit(now, &mut buf).is_some() {}
+            now = a.poll_timeout().expect("a timer while the peer is awaited");
+            a.handle_timeout(now);
+            steps += 1;
+            assert!(steps < 1000);
+        }
+        assert_eq!(a.cause(), Some(Cause::PeerUnreachable));
+        assert!(
+            now - t0 <= cfg.peer_timeout + cfg.peer_timeout / 8,
+            "{:?}",
+            now - t0
+        );
+        assert!(a.stats().retransmits >= 4, "{:?}", a.stats());
+    }
+
+    #[test]
+    fn an_orderly_close_delivers_everything_then_ends_both_sides() {
+        let cfg = SessionConfig::default();
+        let now = Instant::now();
+        let (mut a, mut b) = pair(&cfg, now);
+        a.send(b"last words").unwrap();
+        a.close();
+        assert_eq!(a.send(b"too late"), Err(SendError::Closed));
+        pump(&mut a, &mut b, now);
+        assert_eq!(b.cause(), None, "a message is still to be taken");
+        assert_eq!(b.recv().as_deref(), Some(&b"last words"[..]));
+        assert_eq!(b.cause(), Some(Cause::PeerClosed));
+        pump(&mut a, &mut b, now);
+        assert_eq!(a.cause(), Some(Cause::LocalClose));
+        assert!(a.is_finished() && b.is_finished());
+    }
+}
