@@ -402,7 +402,13 @@ impl Session {
         if self.dead.is_some() || out.len() < HEADER_LEN {
             return None;
         }
-        let room = self.cfg.max_datagram.min(out.len()) - HEADER_LEN;
+        // (The header's length field is 16 bits.)
+        let room = self
+            .cfg
+            .max_datagram
+            .min(out.len())
+            .min(HEADER_LEN + usize::from(u16::MAX))
+            .saturating_sub(HEADER_LEN);
         // Retransmissions first.
         while let Some(seq) = self.retransmit.pop_front() {
             let Some(s) = self.inflight.iter().find(|s| s.seq == seq && !s.sacked) else {

@@ -50,10 +50,12 @@ pub(crate) fn run_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Inst
         let Some(ep) = st.eps.get_mut(k) else {
             continue;
         };
-        // A timer its handler left due would wake us at once for ever: none may.
+        // A timer its handler left due would wake us at once for ever: put it off a little
+        // (dropping it lost keepalives for good when a probe re-armed at `now`).
         for t in Timer::ALL.into_iter().filter(|t| t.wakes()) {
-            if ep.timers.take_due(t, now) {
-                tracing::debug!(endpoint = ep.id, timer = ?t, "timer left due; dropped");
+            if ep.timers.is_due(t, now) {
+                tracing::debug!(endpoint = ep.id, timer = ?t, "timer left due; put off 1 ms");
+                let _ = ep.timers.set(t, now + Duration::from_millis(1));
             }
         }
         if let Some(at) = ep.timers.requeue() {
@@ -132,7 +134,9 @@ fn probe(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: Instant) {
         };
         if post_on(ep, op, PostData::Inline(&bytes), Hold::None, true).is_ok() {
             ep.keepalive_at = Some(now);
-            now + after
+            // No sooner than a tick (with a short peer timeout, `after` is zero: the tries
+            // take it all).
+            now + after.max(sh.keepalive_tick())
         } else {
             now + sh.keepalive_tick()
         }

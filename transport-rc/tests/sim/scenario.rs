@@ -131,7 +131,7 @@ fn setup(sim_seed: u64) -> (Config, SimLink, usize) {
         rndv_threshold: pick(&[1024, 4096, 16384]) as usize,
         rndv_window: pick(&[1, 2, 8]) as u32,
         inline_threshold: pick(&[0, 64, 188]) as usize,
-        peer_timeout: Duration::from_millis(pick(&[500, 2000])),
+        peer_timeout: Duration::from_millis(pick(&[300, 500, 2000])),
         pool_max: 64 << 20,
         regcache_max: 8 << 20,
         ..Config::default()
