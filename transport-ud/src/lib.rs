@@ -14,10 +14,20 @@
 //! set-up over the side channel, endpoints) builds on it.
 #![deny(unsafe_code)]
 
-// The modules in their layers, bottom up: `seq` < `wire` < `session`.
+// The modules in their layers, bottom up: `seq` < `wire` < `session` (the protocol, sans
+// I/O) < `state` (resources and state) < `engine` (progress) < `transport` (the worker's
+// view) < `endpoint` < `attach` (the transport as applications see it).
+mod attach;
+mod endpoint;
+mod engine;
 pub mod seq;
 pub mod session;
+mod state;
+mod transport;
 pub mod wire;
 
+pub use attach::{QKEY, UdTransport};
+pub use endpoint::Endpoint;
 pub use seq::Seq;
 pub use session::{Cause, SendError, Session, SessionConfig, SessionStats};
+pub use state::UdStats;

@@ -300,6 +300,34 @@ impl Session {
         Some(m)
     }
 
+    /// Whether this side is closing (the application closed, or the peer did).
+    pub fn is_closing(&self) -> bool {
+        self.closed_here
+    }
+
+    /// Whether our `Fin` was acknowledged: the peer has everything we sent.
+    pub fn fin_acked(&self) -> bool {
+        self.fin_acked
+    }
+
+    /// Why the session died, if it did (unreachable peer, protocol violation).
+    pub fn dead_cause(&self) -> Option<Cause> {
+        self.dead.clone()
+    }
+
+    /// Whether a whole message waits to be taken.
+    pub fn has_message(&self) -> bool {
+        !self.inbox.is_empty()
+    }
+
+    /// Drops the messages waiting (their credit goes back to the peer): for a session whose
+    /// application went away.
+    pub fn drop_messages(&mut self) {
+        self.inbox.clear();
+        self.held = 0;
+        self.ack_now = true;
+    }
+
     /// Closes this side in order: what is queued goes first, then the `Fin`.
     pub fn close(&mut self) {
         self.local_close = true;

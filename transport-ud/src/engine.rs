@@ -1,0 +1,230 @@
+//! The progress engine: completions in (datagrams to their sessions, send buffers back),
+//! datagrams out (what sessions want to send, posted from pool buffers), session timers,
+//! messages to the application, and removing finished sessions.
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use rdmx_core::worker::{Body, Cx, Message};
+use rdmx_core::{Buf, Error, Event, Result};
+use rdmx_verbs::{RecvWr, SendWr, WcStatus};
+
+use crate::state::{SEND_TAG, Shared, State, disconnect_cause};
+use crate::wire::Header;
+
+impl Shared {
+    /// Posts receive buffer `buf` on the queue pair (whole capacity).
+    pub(crate) fn post_recv(&self, st: &mut State, mut buf: Buf) -> Result<()> {
+        let cap = buf.capacity();
+        buf.set_len(cap)?;
+        let slot = st.recv_slots.vacant_key();
+        let sge = [buf.sge(self.post_key)];
+        self.qp.post_recv(&RecvWr::new(slot as u64, &sge))?;
+        st.recv_slots.insert(buf);
+        Ok(())
+    }
+
+    /// Polls the completion queue (a bounded number), routes datagrams to their sessions,
+    /// then sends what the sessions want to send. Returns the completions handled.
+    pub(crate) fn progress(&self, st: &mut State, cx: &mut Cx<'_>) -> usize {
+        let mut wc = std::mem::take(&mut st.wc);
+        let n = self.cq.poll(&mut wc);
+        let now = cx.now();
+        for c in wc.iter().take(n) {
+            if c.wr_id & SEND_TAG != 0 {
+                let slot = (c.wr_id & !SEND_TAG) as usize;
+                st.send_slots.try_remove(slot);
+                if c.status != WcStatus::Success {
+                    st.stats.send_errors += 1;
+                }
+                continue;
+            }
+            let Some(buf) = st.recv_slots.try_remove(c.wr_id as usize) else {
+                continue;
+            };
+            if c.status != WcStatus::Success {
+                // (Flushed at teardown: the buffer goes back to the pool.)
+                st.stats.recv_errors += 1;
+                continue;
+            }
+            st.stats.datagrams_received += 1;
+            let len = (c.byte_len as usize).min(buf.len());
+            let data = buf.get(rdmx_verbs::ah::GRH_LEN..len).unwrap_or_default();
+            match Header::parse(data) {
+                Err(_) => st.stats.malformed += 1,
+                Ok((h, payload)) => {
+                    let k = h.dst_session as usize;
+                    match st.peers.get_mut(k) {
+                        Some(p) => {
+                            p.session.handle_datagram(now, &h, payload);
+                            st.mark_dirty(k);
+                        }
+                        None => st.stats.unknown_session += 1,
+                    }
+                }
+            }
+            if let Err(e) = self.post_recv(st, buf) {
+                tracing::warn!("reposting a UD receive buffer failed: {e}");
+            }
+        }
+        st.wc = wc;
+        self.after(st, cx, now);
+        n
+    }
+
+    /// What follows any change: datagrams out, waiters told, timers queued, finished
+    /// sessions removed.
+    pub(crate) fn after(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
+        let dirty = std::mem::take(&mut st.dirty);
+        for &k in &dirty {
+            self.transmit(st, k, now);
+            let Some(p) = st.peers.get_mut(k) else {
+                continue;
+            };
+            if p.detached && p.session.has_message() {
+                // Nobody will read them: their credit goes back, and the close can end.
+                p.session.drop_messages();
+                self.transmit_peer(st, k, now);
+            }
+            let Some(p) = st.peers.get_mut(k) else {
+                continue;
+            };
+            let ready = p.session.has_message() || p.session.cause().is_some();
+            if ready {
+                cx.touch(&mut p.wait);
+                if !p.detached {
+                    cx.mark_ready(&mut p.wait);
+                }
+            }
+            if let Some(cause) = p.session.cause()
+                && !p.told_down
+                && !p.session.has_message()
+            {
+                p.told_down = true;
+                cx.push_event(Event::Disconnected {
+                    endpoint: p.id,
+                    cause: disconnect_cause(cause),
+                });
+                cx.wake_all();
+            }
+            if let Some(t) = p.session.poll_timeout()
+                && p.timer_at.is_none_or(|q| t < q)
+            {
+                p.timer_at = Some(t);
+                st.timers.push(Reverse((t, k, p.id)));
+                cx.schedule(t);
+            }
+        }
+        // Sessions whose handle is gone and that are over leave.
+        for &k in &dirty {
+            let over = st
+                .peers
+                .get(k)
+                .is_some_and(|p| p.detached && p.session.is_finished());
+            if over {
+                self.remove(st, k);
+            }
+        }
+    }
+
+    fn transmit_peer(&self, st: &mut State, k: usize, now: Instant) {
+        self.transmit(st, k, now);
+    }
+
+    /// Sends what peer `k`'s session wants to send, while a pool buffer and a send slot
+    /// are free.
+    pub(crate) fn transmit(&self, st: &mut State, k: usize, now: Instant) {
+        loop {
+            if st.send_slots.len() >= self.sq_depth as usize {
+                return;
+            }
+            let Some(p) = st.peers.get_mut(k) else { return };
+            let Some(n) = p.session.poll_transmit(now, &mut st.scratch) else {
+                return;
+            };
+            let Ok(mut buf) = self.pool.try_alloc(n) else {
+                // Lost here as on the wire: the session sends it again.
+                st.stats.send_dropped += 1;
+                return;
+            };
+            buf.copy_from_slice(&st.scratch[..n]);
+            let slot = st.send_slots.vacant_key();
+            let sge = [buf.sge(self.post_key)];
+            let wr = SendWr::send(slot as u64 | SEND_TAG, &sge).signaled().to(
+                &p.ah,
+                p.remote_qpn,
+                self.qkey,
+            );
+            match self.qp.post_send(&wr) {
+                Ok(()) => {
+                    st.send_slots.insert(buf);
+                    st.stats.datagrams_sent += 1;
+                }
+                Err(e) => {
+                    tracing::debug!("posting a UD datagram failed: {e}");
+                    st.stats.send_dropped += 1;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs the session timers due at `now`.
+    pub(crate) fn handle_timers(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
+        while let Some(Reverse((t, k, id))) = st.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            st.timers.pop();
+            let Some(p) = st.peers.get_mut(k) else {
+                continue;
+            };
+            if p.id != id {
+                continue;
+            }
+            if p.timer_at == Some(t) {
+                p.timer_at = None;
+            }
+            if p.session.poll_timeout().is_some_and(|d| d <= now) {
+                p.session.handle_timeout(now);
+            }
+            st.mark_dirty(k);
+        }
+        self.after(st, cx, now);
+    }
+
+    /// The next message of peer `k`, for the application.
+    pub(crate) fn take_message(
+        &self,
+        st: &mut State,
+        cx: &mut Cx<'_>,
+        k: usize,
+    ) -> Option<Result<Message>> {
+        let p = st.peers.get_mut(k)?;
+        if let Some(m) = p.session.recv() {
+            let id = p.id;
+            st.mark_dirty(k);
+            let now = cx.now();
+            self.after(st, cx, now);
+            // The session's bytes into a pool buffer of the message's own.
+            let body = match self.pool.try_alloc_from(&m) {
+                Ok(b) => b,
+                Err(e) => return Some(Err(e)),
+            };
+            return Some(Ok(cx.message(Body::Owned(body), id)));
+        }
+        p.session
+            .cause()
+            .map(|c| Err(Error::Disconnected(disconnect_cause(c))))
+    }
+
+    /// Removes peer `k` and gives its receive window back.
+    pub(crate) fn remove(&self, st: &mut State, k: usize) {
+        if let Some(p) = st.peers.try_remove(k) {
+            st.windows = st
+                .windows
+                .saturating_sub(u64::from(self.session.recv_window));
+            tracing::debug!(endpoint = p.id, "UD session removed");
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The UD transport's resources ([`Shared`]) and mutable state ([`State`], inside the
+//! worker's lock as [`Ud`]), and how handles reach both ([`UdRef`]).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdmx_core::pool::{BufferPool, PostKey};
+use rdmx_core::worker::{Cx, TransportId, Wait, WaitSlot, Worker, WorkerState};
+use rdmx_core::{Buf, Config, DisconnectCause};
+use rdmx_verbs::{
+    AddressHandle, CompletionQueue, ProtectionDomain, Qpn, QueuePair, WorkCompletion,
+};
+use slab::Slab;
+
+use crate::session::{Cause, Session, SessionConfig};
+
+/// Completions polled per round.
+pub(crate) const POLL_BATCH: usize = 64;
+/// Work-request ids: the top bit says a send (else a receive), the rest is the slot.
+pub(crate) const SEND_TAG: u64 = 1 << 63;
+
+/// What the transport owns and never changes.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) tid: TransportId,
+    pub(crate) post_key: PostKey,
+    pub(crate) vctx: rdmx_verbs::Context,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) qp: QueuePair,
+    pub(crate) pool: BufferPool,
+    /// The Q_Key of every datagram of rdmx UD endpoints.
+    pub(crate) qkey: u32,
+    /// How each session behaves (its receive window is the configured credits).
+    pub(crate) session: SessionConfig,
+    /// Receive buffers posted on the queue pair (their sum of windows may not exceed it).
+    pub(crate) rq_depth: u32,
+    /// Send work requests at most in flight.
+    pub(crate) sq_depth: u32,
+    /// This transport's address (its device port), for peers.
+    pub(crate) addr: SocketAddr,
+    pub(crate) cfg: Config,
+}
+
+/// One peer: its session, where it is, and who waits on it.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    /// The endpoint's public id.
+    pub(crate) id: u64,
+    pub(crate) session: Session,
+    pub(crate) ah: AddressHandle,
+    pub(crate) remote_qpn: Qpn,
+    pub(crate) wait: WaitSlot,
+    /// The application dropped its handle.
+    pub(crate) detached: bool,
+    /// The earliest timer queued for the session.
+    pub(crate) timer_at: Option<Instant>,
+    /// Whether its `Disconnected` event went out.
+    pub(crate) told_down: bool,
+}
+
+/// Counters of the transport (beside each session's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UdStats {
+    /// Datagrams that parsed but named no session of ours (unknown or gone).
+    pub unknown_session: u64,
+    /// Datagrams that did not parse (truncated, another version, garbage).
+    pub malformed: u64,
+    /// Receive completions in error (flushes at teardown, mostly).
+    pub recv_errors: u64,
+    /// Send completions in error.
+    pub send_errors: u64,
+    /// Datagrams a session produced that could not be posted (no pool buffer or send
+    /// slot): lost here like on the wire, recovered by retransmission.
+    pub send_dropped: u64,
+    /// Datagrams sent (posted).
+    pub datagrams_sent: u64,
+    /// Datagrams received (completions).
+    pub datagrams_received: u64,
+}
+
+/// Everything that changes, under the worker's lock.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) peers: Slab<Peer>,
+    /// Posted receive buffers (work-request id = slot).
+    pub(crate) recv_slots: Slab<Buf>,
+    /// Send buffers until their completion (work-request id = slot | `SEND_TAG`).
+    pub(crate) send_slots: Slab<Buf>,
+    /// Session timers: (when, peer key, peer id); stale entries are skipped.
+    pub(crate) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// Sessions that may have a datagram to send.
+    pub(crate) dirty: Vec<usize>,
+    /// Sum of the receive windows of the sessions.
+    pub(crate) windows: u64,
+    pub(crate) next_id: u64,
+    pub(crate) stats: UdStats,
+    pub(crate) wc: Vec<WorkCompletion>,
+    /// Scratch for one datagram.
+    pub(crate) scratch: Vec<u8>,
+}
+
+impl State {
+    pub(crate) fn new(max_datagram: usize) -> Self {
+        Self {
+            peers: Slab::new(),
+            recv_slots: Slab::new(),
+            send_slots: Slab::new(),
+            timers: BinaryHeap::new(),
+            dirty: Vec::new(),
+            windows: 0,
+            next_id: 1,
+            stats: UdStats::default(),
+            wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
+            scratch: vec![0; max_datagram],
+        }
+    }
+
+    /// Marks peer `k` as possibly having something to send.
+    pub(crate) fn mark_dirty(&mut self, k: usize) {
+        if !self.dirty.contains(&k) {
+            self.dirty.push(k);
+        }
+    }
+}
+
+/// The transport as the worker holds it.
+#[derive(Debug)]
+pub(crate) struct Ud {
+    pub(crate) sh: Arc<Shared>,
+    pub(crate) st: State,
+}
+
+/// A handle's way to the transport: its worker, and the resources.
+#[derive(Debug, Clone)]
+pub(crate) struct UdRef {
+    pub(crate) w: Worker,
+    pub(crate) sh: Arc<Shared>,
+}
+
+impl UdRef {
+    /// Runs `f` on the transport under the worker's lock.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Shared, &mut State, &mut Cx<'_>) -> R) -> R {
+        let mut ws = self.w.lock();
+        self.on(&mut ws, f)
+    }
+
+    /// Runs `f` on the transport, the worker's lock held (`ws`).
+    pub(crate) fn on<R>(
+        &self,
+        ws: &mut WorkerState,
+        f: impl FnOnce(&Shared, &mut State, &mut Cx<'_>) -> R,
+    ) -> R {
+        // Added at `tid` when attached; transports are never removed (they go with the
+        // worker, which this handle keeps alive).
+        let (t, core) = ws
+            .transport::<Ud>(self.sh.tid)
+            .expect("the UD transport is in its worker");
+        let mut cx = core.cx(&self.w, self.sh.tid);
+        f(&self.sh, &mut t.st, &mut cx)
+    }
+
+    /// A wait for a message (or the end) of peer `k`.
+    pub(crate) fn wait_message(&self, k: usize) -> Wait {
+        Wait::message(self.sh.tid, k)
+    }
+
+    /// A wait for room to send to peer `k`.
+    pub(crate) fn wait_endpoint(&self, k: usize) -> Wait {
+        Wait::endpoint(self.sh.tid, k)
+    }
+}
+
+/// The application's view of why a session ended.
+pub(crate) fn disconnect_cause(c: Cause) -> DisconnectCause {
+    match c {
+        Cause::LocalClose => DisconnectCause::LocalClose,
+        Cause::PeerClosed => DisconnectCause::PeerClosed,
+        Cause::PeerUnreachable => {
+            DisconnectCause::PeerUnreachable("no answer within the peer timeout".into())
+        }
+        Cause::Protocol(m) => DisconnectCause::Protocol(m),
+    }
+}

@@ -1,0 +1,128 @@
+//! UD endpoints over soft devices: on loopback with the workers' background threads, and on
+//! a simulated lossy net driven on its virtual clock.
+#![expect(clippy::unwrap_used, reason = "test")]
+
+use std::time::Duration;
+
+use rdmx_core::worker::Worker;
+use rdmx_core::{Config, DisconnectCause, Error};
+use rdmx_ud::UdTransport;
+use rdmx_verbs::DeviceOptions;
+use rdmx_verbs::soft::{SimLink, SimNet};
+
+fn cfg() -> Config {
+    Config {
+        credits: 16,
+        srq_depth: 64,
+        pool_max: 64 << 20,
+        ..Config::default()
+    }
+}
+
+fn node(cfg: &Config, opts: Option<DeviceOptions>) -> (Worker, UdTransport) {
+    let w = Worker::open(cfg, opts, &[UdTransport::RECV_BUF_SIZE]).unwrap();
+    let t = UdTransport::attach(&w, cfg).unwrap();
+    (w, t)
+}
+
+fn msg(n: u32, len: usize) -> Vec<u8> {
+    let mut m: Vec<u8> = (0..len).map(|i| (i as u32 * 7 + n) as u8).collect();
+    if len >= 4 {
+        m[..4].copy_from_slice(&n.to_le_bytes());
+    }
+    m
+}
+
+#[test]
+fn messages_of_every_size_arrive_once_and_in_order_on_loopback() {
+    let cfg = cfg();
+    let (wa, a) = node(&cfg, None);
+    let (wb, b) = node(&cfg, None);
+    let _ha = wa.start().unwrap();
+    let _hb = wb.start().unwrap();
+    let (ea, eb) = a.connect_local(&b).unwrap();
+    let sizes = [0usize, 1, 100, 4000, 4096, 9000, 70_000, 300_000];
+    let n = 400u32;
+    let sender = std::thread::spawn(move || {
+        for i in 0..n {
+            let len = sizes[i as usize % sizes.len()];
+            ea.send(&msg(i, len)).unwrap();
+        }
+        ea
+    });
+    for i in 0..n {
+        let m = eb.recv_timeout(Duration::from_secs(10)).unwrap();
+        let len = sizes[i as usize % sizes.len()];
+        assert_eq!(&m[..], &msg(i, len)[..], "message {i}");
+    }
+    let ea = sender.join().unwrap();
+    // An echo back.
+    eb.send(b"back").unwrap();
+    assert_eq!(
+        &ea.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"back"
+    );
+    ea.close().unwrap();
+    match eb.recv_timeout(Duration::from_secs(5)) {
+        Err(Error::Disconnected(DisconnectCause::PeerClosed)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.stats().malformed, 0);
+}
+
+#[test]
+fn exactly_once_over_a_lossy_reordering_simulated_net() {
+    let net = SimNet::new(
+        5,
+        SimLink {
+            loss: 0.05,
+            duplicate: 0.02,
+            jitter: Duration::from_micros(50),
+            ..SimLink::default()
+        },
+    );
+    let mut cfg = cfg();
+    cfg.device = "soft:10.0.0.1".into();
+    let (wa, a) = node(&cfg, Some(DeviceOptions::default().with_sim(&net)));
+    cfg.device = "soft:10.0.0.2".into();
+    let (wb, b) = node(&cfg, Some(DeviceOptions::default().with_sim(&net)));
+    let (ea, eb) = a.connect_local(&b).unwrap();
+    let total = 2_000u32;
+    let (mut sent, mut got) = (0u32, 0u32);
+    let mut steps = 0;
+    while got < total {
+        steps += 1;
+        assert!(steps < 2_000_000, "stuck: sent {sent}, got {got}");
+        while sent < total {
+            let len = [5usize, 300, 5000, 20_000][sent as usize % 4];
+            match ea.try_send(&msg(sent, len)) {
+                Ok(()) => sent += 1,
+                Err(Error::WouldBlock) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        while let Ok(m) = eb.try_recv() {
+            let len = [5usize, 300, 5000, 20_000][got as usize % 4];
+            assert_eq!(&m[..], &msg(got, len)[..], "message {got}");
+            got += 1;
+        }
+        let mut next = net.next_event();
+        for w in [&wa, &wb] {
+            if let Some(t) = w.drive() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        let now = net.clock().now();
+        let t = next.map_or(now + Duration::from_millis(1), |t| t.max(now));
+        net.advance_to(
+            t.min(now + Duration::from_millis(1))
+                .max(now + Duration::from_nanos(1)),
+        );
+    }
+    let st = net.stats();
+    assert!(st.lost > 0 && st.duplicated > 0, "{st:?}");
+    eprintln!(
+        "{total} messages, {steps} steps, virtual {:?}, {st:?}",
+        net.elapsed()
+    );
+}
