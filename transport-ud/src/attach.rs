@@ -25,7 +25,7 @@ pub struct UdTransport {
 impl UdTransport {
     /// Adds the UD transport to `worker`: a completion queue on its channel, one UD queue
     /// pair with `cfg.srq_depth` receive buffers from the worker's pool (its pool needs the
-    /// class [`recv_buf_size`](Self::recv_buf_size)), sessions whose receive window is
+    /// class [`RECV_BUF_SIZE`](Self::RECV_BUF_SIZE)), sessions whose receive window is
     /// `cfg.credits` datagrams.
     ///
     /// # Errors
