@@ -314,9 +314,10 @@ impl ConfigBuilder {
             (None, Some(v)) => match v.to_ascii_lowercase().as_str() {
                 "rc" => TransportKind::Rc,
                 "xrc" => TransportKind::Xrc,
+                "ud" => TransportKind::Ud,
                 _ => {
                     return Err(Error::Config(format!(
-                        "RDMX_TRANSPORT={v:?} (expected rc or xrc)"
+                        "RDMX_TRANSPORT={v:?} (expected rc, xrc or ud)"
                     )));
                 }
             },

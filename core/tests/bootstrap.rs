@@ -106,6 +106,7 @@ fn info(qpn: u32) -> EndpointInfo {
         xrc_target_path: None,
         xrc_target_alt: None,
         xrc_in_use: None,
+        token: 0,
     }
 }
 

@@ -250,7 +250,7 @@ fn other_layers_tests_and_ud_are_refused_clearly() {
         "--transport",
         "ud",
     ]);
-    assert!(e.contains("not a message-layer transport"), "{e}");
+    assert!(e.contains("not part of rdmx::Context yet"), "{e}");
     let e = fails(&["perf", "--layer", "msg", "--local", "--test", "send_lat"]);
     assert!(e.contains("verbs-level test"), "{e}");
     let e = fails(&["perf", "--local", "--test", "bw"]);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rdmx_core::bootstrap::TransportKind;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
-use rdmx_core::{Buf, Config, ConfigBuilder, Event, Message, RegCacheStats, Result};
+use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Message, RegCacheStats, Result};
 use rdmx_verbs::{DeviceOptions, NicCounters};
 
 use crate::attach::{Listener, RcTransport};
@@ -217,7 +217,8 @@ pub fn open_worker(
             (Some(o), None) => Node::open_with(&cfg.device, o)?,
             (None, None) => Node::open(&cfg.device)?,
         }),
-        (TransportKind::Rc, _) => None,
+        // (A UD context's worker is a plain one too: `rdmx::Context` attaches rdmx-ud.)
+        (TransportKind::Rc | TransportKind::Ud, _) => None,
     };
     let w = match &node {
         Some(n) => Worker::over(cfg, n.inner.vctx.clone(), n.inner.pd.clone(), recv_classes)?,
@@ -250,6 +251,13 @@ impl Context {
 
     fn open(cfg: Config, options: Option<DeviceOptions>, node: Option<Node>) -> Result<Self> {
         cfg.validate()?;
+        if cfg.transport == TransportKind::Ud {
+            return Err(Error::Config(
+                "transport ud: rdmx_rc::Context makes RC and XRC endpoints only; UD endpoints \
+                 are rdmx-ud's"
+                    .into(),
+            ));
+        }
         let (w, node) = open_worker(&cfg, options, node, &[cfg.recv_buf_size()])?;
         let rc = RcTransport::attach(&w, &cfg, node.as_ref())?;
         let handle = w.start()?;

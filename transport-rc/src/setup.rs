@@ -243,6 +243,7 @@ pub(crate) fn register(
                 None
             },
             xrc_in_use: None,
+            token: 0,
         };
         st.eps.insert(Ep {
             id,

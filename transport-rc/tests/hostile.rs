@@ -85,6 +85,7 @@ impl Rogue {
             xrc_target_path: None,
             xrc_target_alt: None,
             xrc_in_use: None,
+            token: 0,
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = bootstrap::connect(addr, deadline).unwrap();

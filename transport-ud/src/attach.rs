@@ -1,17 +1,20 @@
 //! [`UdTransport`]: the UD transport of a worker — one datagram queue pair for every peer,
 //! its receive buffers, and the sessions — and how endpoints are made.
 
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::Duration;
 
-use rdmx_core::worker::{WaitSlot, Worker};
+use rdmx_core::bootstrap;
+use rdmx_core::worker::Worker;
 use rdmx_core::{Config, Error, Result};
 use rdmx_verbs::ah::GRH_LEN;
-use rdmx_verbs::{AhAttr, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState};
+use rdmx_verbs::{QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState};
 
 use crate::endpoint::Endpoint;
-use crate::seq::Seq;
-use crate::session::{Session, SessionConfig};
-use crate::state::{Peer, Shared, State, Ud, UdRef, UdStats};
+use crate::session::SessionConfig;
+use crate::setup::peer_half;
+use crate::state::{Shared, State, Ud, UdRef, UdStats};
 
 /// The Q_Key of rdmx UD datagrams (a datagram with another is dropped by the NIC).
 pub const QKEY: u32 = 0x7264_6d78;
@@ -107,7 +110,7 @@ impl UdTransport {
     pub const RECV_BUF_SIZE: usize = GRH_LEN + 4096;
 
     /// This transport's address (its device's first port).
-    pub fn addr(&self) -> std::net::SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.u.sh.addr
     }
 
@@ -118,13 +121,42 @@ impl UdTransport {
 
     /// Sessions (endpoints, including closing ones whose handle is gone).
     pub fn endpoint_count(&self) -> usize {
-        self.u.with(|_, st, _| st.peers.len())
+        self.u
+            .with(|_, st, _| st.peers.iter().filter(|(_, p)| p.is_some()).count())
+    }
+
+    /// Connects an endpoint to a UD listener at `addr` (the bootstrap side channel).
+    ///
+    /// # Errors
+    /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout);
+    /// `Protocol` when the listener is not a UD one; `Config` when the receive queue cannot
+    /// back another peer's window.
+    pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        crate::exchange::connect(&self.u, resolve(addr)?)
+    }
+
+    /// Starts accepting UD endpoints on `addr`.
+    ///
+    /// # Errors
+    /// `Bootstrap` when the address cannot be bound.
+    pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let tcp = bootstrap::listen(resolve(addr)?)?;
+        let local = tcp
+            .local_addr()
+            .map_err(|error| bootstrap::BootstrapError::Io {
+                op: "local_addr",
+                error,
+            })?;
+        Ok(Listener {
+            t: self.clone(),
+            tcp,
+            local,
+        })
     }
 
     /// Connects an endpoint of this transport to a new endpoint of `peer` (another UD
     /// transport in this process) with no side channel: each side's session is set up
-    /// with the other's address, queue pair, id, token and first sequence number. Returns
-    /// (ours, the peer's).
+    /// with what the other would have sent. Returns (ours, the peer's).
     ///
     /// # Errors
     /// `Config` when either receive queue cannot back another peer's window;
@@ -135,102 +167,71 @@ impl UdTransport {
                 "a UD transport cannot connect an endpoint to itself in-process".into(),
             ));
         }
-        let a_first = Seq(rdmx_verbs::random_u64() as u32);
-        let b_first = Seq(rdmx_verbs::random_u64() as u32);
-        let a_token = rdmx_verbs::random_u64() as u32;
-        let b_token = rdmx_verbs::random_u64() as u32;
-        let a_key = self.reserve()?;
-        let b_key = match peer.reserve() {
-            Ok(k) => k,
+        let a = self.u.reserve()?;
+        let b = match peer.u.reserve() {
+            Ok(b) => b,
             Err(e) => {
-                self.unreserve();
+                self.u.unreserve(&a);
                 return Err(e);
             }
         };
-        let a = self.open(a_key, a_token, (b_key, b_token), (a_first, b_first), peer);
-        let b = peer.open(b_key, b_token, (a_key, a_token), (b_first, a_first), self);
-        match (a, b) {
-            (Ok(a), Ok(b)) => Ok((a, b)),
-            (Err(e), _) | (_, Err(e)) => Err(e),
+        let r = (|| {
+            let a_half = peer_half(&self.u.describe(&a)?)?;
+            let b_half = peer_half(&peer.u.describe(&b)?)?;
+            let ea = self.u.open(a, &b_half)?;
+            let eb = peer.u.open(b, &a_half)?;
+            Ok((ea, eb))
+        })();
+        if r.is_err() {
+            self.u.unreserve(&a);
+            peer.u.unreserve(&b);
         }
+        r
+    }
+}
+
+/// Accepts UD endpoints on a TCP address (the bootstrap side channel).
+#[derive(Debug)]
+pub struct Listener {
+    t: UdTransport,
+    tcp: TcpListener,
+    local: SocketAddr,
+}
+
+impl Listener {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 
-    /// Takes a receive window from the budget; returns the session key.
-    fn reserve(&self) -> Result<usize> {
-        self.u.with(|sh, st, _| {
-            let w = u64::from(sh.session.recv_window);
-            if st.windows + w > u64::from(sh.rq_depth) {
-                return Err(Error::Config(format!(
-                    "the receive queue ({} buffers) backs at most {} peers at {} credits each",
-                    sh.rq_depth,
-                    u64::from(sh.rq_depth) / w,
-                    w
-                )));
-            }
-            st.windows += w;
-            Ok(st.peers.vacant_key())
-        })
+    /// The next endpoint (exchanges that fail are logged and skipped).
+    ///
+    /// # Errors
+    /// `Bootstrap` when the listening socket fails.
+    pub fn accept(&self) -> Result<Endpoint> {
+        crate::exchange::accept(&self.t.u, &self.tcp, None)
     }
 
-    /// Gives back a window [`reserve`](Self::reserve) took for a session never opened.
-    fn unreserve(&self) {
-        self.u.with(|sh, st, _| {
-            st.windows = st.windows.saturating_sub(u64::from(sh.session.recv_window));
-        });
+    /// [`accept`](Self::accept), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `accept`; `Timeout`.
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
+        crate::exchange::accept(&self.t.u, &self.tcp, Some(timeout))
     }
 
-    /// Opens session `key` towards `peer`'s session.
-    fn open(
-        &self,
-        key: usize,
-        token: u32,
-        (peer_key, peer_token): (usize, u32),
-        (first, peer_first): (Seq, Seq),
-        peer: &Self,
-    ) -> Result<Endpoint> {
-        let peer_addr = peer.u.sh.addr;
-        let remote_qpn = peer.u.sh.qp.qp_num();
-        let gid = peer.u.sh.vctx.query_gid(1, 0)?;
-        let ah = self
-            .u
-            .sh
-            .pd
-            .create_ah(&AhAttr::new(gid).with_udp_port(peer_addr.port()))?;
-        let id = self.u.with(|sh, st, cx| {
-            let id = st.next_id;
-            st.next_id += 1;
-            let session = Session::new(
-                sh.session.clone(),
-                token,
-                peer_key as u32,
-                peer_token,
-                first,
-                peer_first,
-                cx.now(),
-            );
-            let k = st.peers.insert(Peer {
-                id,
-                session,
-                ah,
-                remote_qpn,
-                wait: WaitSlot::new(key),
-                detached: false,
-                timer_at: None,
-                told_down: false,
-            });
-            debug_assert_eq!(k, key);
-            st.mark_dirty(k);
-            let now = cx.now();
-            sh.after(st, cx, now);
-            id
-        });
-        Ok(Endpoint {
-            u: self.u.clone(),
-            key,
-            id,
-            peer: peer_addr,
-        })
+    /// The transport it accepts for.
+    pub fn transport(&self) -> &UdTransport {
+        &self.t
     }
+}
+
+/// The first address `addr` resolves to.
+fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
 }
 
 /// RESET -> INIT -> RTR -> RTS for a UD queue pair with the rdmx Q_Key.

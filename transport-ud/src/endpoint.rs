@@ -35,8 +35,7 @@ impl Endpoint {
     /// Why the endpoint is down, once it is and its messages are all taken.
     pub fn disconnect_cause(&self) -> Option<DisconnectCause> {
         self.u.with(|_, st, _| {
-            st.peers
-                .get(self.key)
+            st.peer(self.key)
                 .and_then(|p| p.session.cause())
                 .map(disconnect_cause)
         })
@@ -45,8 +44,7 @@ impl Endpoint {
     /// True while messages can be sent.
     pub fn is_connected(&self) -> bool {
         self.u.with(|_, st, _| {
-            st.peers
-                .get(self.key)
+            st.peer(self.key)
                 .is_some_and(|p| p.session.cause().is_none() && !p.session.is_closing())
         })
     }
@@ -61,7 +59,7 @@ impl Endpoint {
     /// [`try_once`](Self::try_once), the worker's lock held.
     fn try_on(&self, ws: &mut WorkerState, data: &[u8]) -> Result<bool> {
         self.u.on(ws, |sh, st, cx| {
-            let Some(p) = st.peers.get_mut(self.key) else {
+            let Some(p) = st.peer_mut(self.key) else {
                 return Err(Error::Disconnected(DisconnectCause::LocalClose));
             };
             match p.session.send(data) {
@@ -163,7 +161,7 @@ impl Endpoint {
     /// peer is told; [`disconnect_cause`](Self::disconnect_cause) says when it is over.
     pub fn start_close(&self) {
         self.u.with(|sh, st, cx| {
-            if let Some(p) = st.peers.get_mut(self.key) {
+            if let Some(p) = st.peer_mut(self.key) {
                 p.session.close();
                 st.mark_dirty(self.key);
                 let now = cx.now();
@@ -187,7 +185,7 @@ impl Endpoint {
             Some(timeout),
             |ws| {
                 self.u.on(ws, |_, st, _| {
-                    let p = st.peers.get(self.key)?;
+                    let p = st.peer(self.key)?;
                     if p.session.fin_acked() {
                         return Some(Ok(()));
                     }
@@ -203,7 +201,7 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.u.with(|sh, st, cx| {
-            if let Some(p) = st.peers.get_mut(self.key) {
+            if let Some(p) = st.peer_mut(self.key) {
                 p.detached = true;
                 p.session.close();
                 st.mark_dirty(self.key);

@@ -54,7 +54,7 @@ impl Shared {
                 Err(_) => st.stats.malformed += 1,
                 Ok((h, payload)) => {
                     let k = h.dst_session as usize;
-                    match st.peers.get_mut(k) {
+                    match st.peer_mut(k) {
                         Some(p) => {
                             p.session.handle_datagram(now, &h, payload);
                             st.mark_dirty(k);
@@ -78,7 +78,7 @@ impl Shared {
         let dirty = std::mem::take(&mut st.dirty);
         for &k in &dirty {
             self.transmit(st, k, now);
-            let Some(p) = st.peers.get_mut(k) else {
+            let Some(p) = st.peer_mut(k) else {
                 continue;
             };
             if p.detached && p.session.has_message() {
@@ -86,7 +86,7 @@ impl Shared {
                 p.session.drop_messages();
                 self.transmit_peer(st, k, now);
             }
-            let Some(p) = st.peers.get_mut(k) else {
+            let Some(p) = st.peer_mut(k) else {
                 continue;
             };
             let ready = p.session.has_message() || p.session.cause().is_some();
@@ -111,15 +111,15 @@ impl Shared {
                 && p.timer_at.is_none_or(|q| t < q)
             {
                 p.timer_at = Some(t);
-                st.timers.push(Reverse((t, k, p.id)));
+                let id = p.id;
+                st.timers.push(Reverse((t, k, id)));
                 cx.schedule(t);
             }
         }
         // Sessions whose handle is gone and that are over leave.
         for &k in &dirty {
             let over = st
-                .peers
-                .get(k)
+                .peer(k)
                 .is_some_and(|p| p.detached && p.session.is_finished());
             if over {
                 self.remove(st, k);
@@ -134,21 +134,27 @@ impl Shared {
     /// Sends what peer `k`'s session wants to send, while a pool buffer and a send slot
     /// are free.
     pub(crate) fn transmit(&self, st: &mut State, k: usize, now: Instant) {
-        loop {
-            if st.send_slots.len() >= self.sq_depth as usize {
-                return;
-            }
-            let Some(p) = st.peers.get_mut(k) else { return };
-            let Some(n) = p.session.poll_transmit(now, &mut st.scratch) else {
+        let State {
+            peers,
+            send_slots,
+            scratch,
+            stats,
+            ..
+        } = st;
+        let Some(Some(p)) = peers.get_mut(k) else {
+            return;
+        };
+        while send_slots.len() < self.sq_depth as usize {
+            let Some(n) = p.session.poll_transmit(now, scratch) else {
                 return;
             };
             let Ok(mut buf) = self.pool.try_alloc(n) else {
                 // Lost here as on the wire: the session sends it again.
-                st.stats.send_dropped += 1;
+                stats.send_dropped += 1;
                 return;
             };
-            buf.copy_from_slice(&st.scratch[..n]);
-            let slot = st.send_slots.vacant_key();
+            buf.copy_from_slice(&scratch[..n]);
+            let slot = send_slots.vacant_key();
             let sge = [buf.sge(self.post_key)];
             let wr = SendWr::send(slot as u64 | SEND_TAG, &sge).signaled().to(
                 &p.ah,
@@ -157,12 +163,12 @@ impl Shared {
             );
             match self.qp.post_send(&wr) {
                 Ok(()) => {
-                    st.send_slots.insert(buf);
-                    st.stats.datagrams_sent += 1;
+                    send_slots.insert(buf);
+                    stats.datagrams_sent += 1;
                 }
                 Err(e) => {
                     tracing::debug!("posting a UD datagram failed: {e}");
-                    st.stats.send_dropped += 1;
+                    stats.send_dropped += 1;
                     return;
                 }
             }
@@ -176,7 +182,7 @@ impl Shared {
                 break;
             }
             st.timers.pop();
-            let Some(p) = st.peers.get_mut(k) else {
+            let Some(p) = st.peer_mut(k) else {
                 continue;
             };
             if p.id != id {
@@ -200,7 +206,7 @@ impl Shared {
         cx: &mut Cx<'_>,
         k: usize,
     ) -> Option<Result<Message>> {
-        let p = st.peers.get_mut(k)?;
+        let p = st.peer_mut(k)?;
         if let Some(m) = p.session.recv() {
             let id = p.id;
             st.mark_dirty(k);
@@ -218,13 +224,16 @@ impl Shared {
             .map(|c| Err(Error::Disconnected(disconnect_cause(c))))
     }
 
-    /// Removes peer `k` and gives its receive window back.
+    /// Removes peer `k` (or the key an exchange reserved) and gives its receive window
+    /// back.
     pub(crate) fn remove(&self, st: &mut State, k: usize) {
-        if let Some(p) = st.peers.try_remove(k) {
+        if let Some(slot) = st.peers.try_remove(k) {
             st.windows = st
                 .windows
                 .saturating_sub(u64::from(self.session.recv_window));
-            tracing::debug!(endpoint = p.id, "UD session removed");
+            if let Some(p) = slot {
+                tracing::debug!(endpoint = p.id, "UD session removed");
+            }
         }
     }
 }

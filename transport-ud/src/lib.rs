@@ -15,18 +15,21 @@
 #![deny(unsafe_code)]
 
 // The modules in their layers, bottom up: `seq` < `wire` < `session` (the protocol, sans
-// I/O) < `state` (resources and state) < `engine` (progress) < `transport` (the worker's
-// view) < `endpoint` < `attach` (the transport as applications see it).
+// I/O) < `state` (resources and state) < `engine` (progress) < `endpoint` < `setup`
+// (reserving and opening sessions) < `transport` (the worker's view), `exchange` (set-up
+// over the side channel) < `attach` (the transport as applications see it).
 mod attach;
 mod endpoint;
 mod engine;
+mod exchange;
 pub mod seq;
 pub mod session;
+mod setup;
 mod state;
 mod transport;
 pub mod wire;
 
-pub use attach::{QKEY, UdTransport};
+pub use attach::{Listener, QKEY, UdTransport};
 pub use endpoint::Endpoint;
 pub use seq::Seq;
 pub use session::{Cause, SendError, Session, SessionConfig, SessionStats};

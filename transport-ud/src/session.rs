@@ -212,15 +212,15 @@ pub struct Session {
 
 impl Session {
     /// A session whose datagrams carry `token`, towards the peer's session `peer_id` with
-    /// `peer_token`, both sides starting at `first` sent and `peer_first` received (the
-    /// set-up exchanges them).
+    /// `peer_token`, both sides starting at `first` sent and `peer_first` received, the
+    /// peer granting `peer_window` datagrams until it says more (the set-up exchanges
+    /// them).
     pub fn new(
         cfg: SessionConfig,
         token: u32,
-        peer_id: u32,
-        peer_token: u32,
-        first: Seq,
-        peer_first: Seq,
+        (peer_id, peer_token): (u32, u32),
+        (first, peer_first): (Seq, Seq),
+        peer_window: u32,
         now: Instant,
     ) -> Self {
         let credit = peer_first.plus(cfg.recv_window);
@@ -237,8 +237,8 @@ impl Session {
             fin_acked: false,
             next_seq: first,
             snd_una: first,
-            // Until the peer says otherwise: the window both sides configure.
-            peer_credit: first.plus(cfg.recv_window),
+            // Until the peer says otherwise: the window it announced.
+            peer_credit: first.plus(peer_window),
             inflight: VecDeque::new(),
             retransmit: VecDeque::new(),
             rto_at: None,
@@ -858,8 +858,22 @@ mod tests {
 
     fn pair(cfg: &SessionConfig, now: Instant) -> (Session, Session) {
         (
-            Session::new(cfg.clone(), 11, 2, 22, Seq(100), Seq(5), now),
-            Session::new(cfg.clone(), 22, 1, 11, Seq(5), Seq(100), now),
+            Session::new(
+                cfg.clone(),
+                11,
+                (2, 22),
+                (Seq(100), Seq(5)),
+                cfg.recv_window,
+                now,
+            ),
+            Session::new(
+                cfg.clone(),
+                22,
+                (1, 11),
+                (Seq(5), Seq(100)),
+                cfg.recv_window,
+                now,
+            ),
         )
     }
 
@@ -979,8 +993,8 @@ mod tests {
             ..SessionConfig::default()
         };
         let now = Instant::now();
-        let mut a = Session::new(big, 11, 2, 22, Seq(100), Seq(5), now);
-        let mut b = Session::new(cfg, 22, 1, 11, Seq(5), Seq(100), now);
+        let mut a = Session::new(big, 11, (2, 22), (Seq(100), Seq(5)), 64, now);
+        let mut b = Session::new(cfg, 22, (1, 11), (Seq(5), Seq(100)), 64, now);
         a.send(&[0u8; 5000]).unwrap();
         pump(&mut a, &mut b, now);
         assert!(matches!(b.cause(), Some(Cause::Protocol(m)) if m.contains("limit")));

@@ -85,7 +85,8 @@ pub struct UdStats {
 /// Everything that changes, under the worker's lock.
 #[derive(Debug)]
 pub(crate) struct State {
-    pub(crate) peers: Slab<Peer>,
+    /// Sessions by key (their id); `None` while an exchange reserves the key.
+    pub(crate) peers: Slab<Option<Peer>>,
     /// Posted receive buffers (work-request id = slot).
     pub(crate) recv_slots: Slab<Buf>,
     /// Send buffers until their completion (work-request id = slot | `SEND_TAG`).
@@ -117,6 +118,16 @@ impl State {
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
             scratch: vec![0; max_datagram],
         }
+    }
+
+    /// The open session `k`.
+    pub(crate) fn peer(&self, k: usize) -> Option<&Peer> {
+        self.peers.get(k).and_then(Option::as_ref)
+    }
+
+    /// The open session `k`, to change.
+    pub(crate) fn peer_mut(&mut self, k: usize) -> Option<&mut Peer> {
+        self.peers.get_mut(k).and_then(Option::as_mut)
     }
 
     /// Marks peer `k` as possibly having something to send.

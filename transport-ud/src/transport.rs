@@ -51,11 +51,11 @@ unsafe impl Transport for Ud {
     fn hand_over(&mut self, _cx: &mut Cx<'_>) {}
 
     fn take_message(&mut self, cx: &mut Cx<'_>, key: usize) -> Option<Message> {
-        if self.st.peers.get(key).is_none_or(|p| p.detached) {
+        if self.st.peer(key).is_none_or(|p| p.detached) {
             return None;
         }
         let m = self.sh.take_message(&mut self.st, cx, key)?.ok()?;
-        if let Some(p) = self.st.peers.get_mut(key)
+        if let Some(p) = self.st.peer_mut(key)
             && p.session.has_message()
         {
             cx.mark_ready(&mut p.wait);
@@ -64,7 +64,7 @@ unsafe impl Transport for Ud {
     }
 
     fn wait_slot(&mut self, key: usize) -> Option<&mut WaitSlot> {
-        self.st.peers.get_mut(key).map(|p| &mut p.wait)
+        self.st.peer_mut(key).map(|p| &mut p.wait)
     }
 
     fn flush_batch(&mut self, _cx: &mut Cx<'_>) {}

@@ -126,3 +126,121 @@ fn exactly_once_over_a_lossy_reordering_simulated_net() {
         net.elapsed()
     );
 }
+
+#[test]
+fn endpoints_connect_over_the_side_channel() {
+    let cfg = cfg();
+    let (wa, a) = node(&cfg, None);
+    let (wb, b) = node(&cfg, None);
+    let _ha = wa.start().unwrap();
+    let _hb = wb.start().unwrap();
+    let listener = b.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let server = std::thread::spawn(move || {
+        let ep = listener.accept_timeout(Duration::from_secs(10)).unwrap();
+        while let Ok(m) = ep.recv() {
+            ep.send(&m).unwrap();
+        }
+        (listener, ep.disconnect_cause())
+    });
+    let ep = a.connect(addr).unwrap();
+    for i in 0..200u32 {
+        let m = msg(i, [3usize, 5000, 40_000][i as usize % 3]);
+        ep.send(&m).unwrap();
+        assert_eq!(
+            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
+            &m[..]
+        );
+    }
+    ep.close().unwrap();
+    let (_listener, cause) = server.join().unwrap();
+    assert_eq!(cause, Some(DisconnectCause::PeerClosed));
+}
+
+#[test]
+fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
+    use rdmx_core::bootstrap::{self, Frame, PathInfo, TransportKind};
+    let cfg = cfg();
+    let (wb, b) = node(&cfg, None);
+    let _hb = wb.start().unwrap();
+    let listener = b.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr();
+    let server = std::thread::spawn(move || {
+        let ep = listener.accept_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(
+            &ep.recv_timeout(Duration::from_secs(10)).unwrap()[..],
+            b"real"
+        );
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // An RC endpoint's Hello: refused, saying why.
+    let mut s = bootstrap::connect(addr, deadline).unwrap();
+    let rc = bootstrap::EndpointInfo {
+        transport: TransportKind::Rc,
+        qpn: 5,
+        psn: 7,
+        mtu: 4096,
+        primary: PathInfo {
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+            udp_port: 4791,
+            port_num: 1,
+        },
+        alternate: None,
+        srq_nums: Vec::new(),
+        credits: 8,
+        mailbox_addr: 0,
+        mailbox_rkey: 0,
+        max_message: 1 << 20,
+        eager_limit: 0,
+        context_id: 1,
+        node_id: 1,
+        tag: 0,
+        xrc_target: None,
+        xrc_target_path: None,
+        xrc_target_alt: None,
+        xrc_in_use: None,
+        token: 0,
+    };
+    bootstrap::send_frame(&mut s, &Frame::Hello(rc), deadline).unwrap();
+    match bootstrap::recv_frame(&mut s, deadline) {
+        Ok(Frame::Reject(why)) => assert!(why.contains("transport"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // (The listener waits for us to hang up after a reject: it takes exchanges one at a
+    // time.)
+    drop(s);
+    // Garbage.
+    {
+        use std::io::Write;
+        let mut g = std::net::TcpStream::connect(addr).unwrap();
+        g.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    }
+    // A UD endpoint still gets in, and no window was lost to the failed exchanges.
+    let (wa, a) = node(&cfg, None);
+    let _ha = wa.start().unwrap();
+    let ep = a.connect(addr).unwrap();
+    ep.send(b"real").unwrap();
+    server.join().unwrap();
+    assert_eq!(b.endpoint_count(), 1);
+}
+
+#[test]
+fn connecting_to_a_listener_that_refuses_is_a_clear_error() {
+    use rdmx_core::bootstrap;
+    let tcp = bootstrap::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let refuser = std::thread::spawn(move || {
+        let (mut s, _) = bootstrap::accept(&tcp).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let _ = bootstrap::expect_hello(&mut s, deadline).unwrap();
+        bootstrap::reject(&mut s, "not today", deadline).unwrap();
+    });
+    let cfg = cfg();
+    let (_w, a) = node(&cfg, None);
+    match a.connect(addr) {
+        Err(Error::Bootstrap(e)) => assert!(e.to_string().contains("not today"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    refuser.join().unwrap();
+    assert_eq!(a.endpoint_count(), 0);
+}

@@ -131,7 +131,14 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
     };
     let mut sides = [
         Side {
-            s: Session::new(cfg.clone(), tok0, 1, tok1, first0, first1, now),
+            s: Session::new(
+                cfg.clone(),
+                tok0,
+                (1, tok1),
+                (first0, first1),
+                cfg.recv_window,
+                now,
+            ),
             goal: r.below(300) as u32,
             sent: 0,
             got: 0,
@@ -140,7 +147,14 @@ fn run(seed: u64) -> Result<(u64, u64), String> {
             sizes: sizes_for(&mut r, cfg.max_datagram),
         },
         Side {
-            s: Session::new(cfg.clone(), tok1, 0, tok0, first1, first0, now),
+            s: Session::new(
+                cfg.clone(),
+                tok1,
+                (0, tok0),
+                (first1, first0),
+                cfg.recv_window,
+                now,
+            ),
             goal: r.below(300) as u32,
             sent: 0,
             got: 0,

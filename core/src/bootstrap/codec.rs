@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x06\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x07\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -263,17 +263,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v7 = header(7, 5);
+        let v8 = header(8, 5);
         assert!(matches!(
-            decode(&v7[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 6, theirs: 7 })
+            decode(&v8[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 7, theirs: 8 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v7[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v8[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v7).unwrap(),
+            decode_header(&v8).unwrap(),
             Some(Header {
-                version: 7,
+                version: 8,
                 payload_len: 5
             })
         );
@@ -362,7 +362,11 @@ mod tests {
     fn arb_info() -> impl Strategy<Value = EndpointInfo> {
         (
             (
-                prop_oneof![Just(TransportKind::Rc), Just(TransportKind::Xrc)],
+                prop_oneof![
+                    Just(TransportKind::Rc),
+                    Just(TransportKind::Xrc),
+                    Just(TransportKind::Ud)
+                ],
                 0..=MAX_24BIT,
                 0..=MAX_24BIT,
                 proptest::sample::select(VALID_MTUS.to_vec()),
@@ -385,13 +389,14 @@ mod tests {
                 proptest::option::of(arb_path()),
                 proptest::option::of(arb_path()),
                 proptest::option::of(0..=MAX_24BIT),
+                any::<u32>(),
             ),
         )
             .prop_map(
                 |(
                     (transport, qpn, psn, mtu, primary, alternate, srq_nums),
                     (credits, mailbox_addr, mailbox_rkey, max_message, eager_limit, context_id),
-                    (node_id, tag, xrc_target, xrc_target_path, xrc_target_alt, xrc_in_use),
+                    (node_id, tag, xrc_target, xrc_target_path, xrc_target_alt, xrc_in_use, token),
                 )| EndpointInfo {
                     transport,
                     qpn,
@@ -412,6 +417,7 @@ mod tests {
                     xrc_target_path,
                     xrc_target_alt,
                     xrc_in_use,
+                    token,
                 },
             )
     }

@@ -35,6 +35,7 @@ pub(super) fn rc_info() -> EndpointInfo {
         xrc_target_path: None,
         xrc_target_alt: None,
         xrc_in_use: Some(7),
+        token: 0,
     }
 }
 

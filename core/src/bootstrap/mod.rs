@@ -78,8 +78,9 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportK
 /// the writer's endpoint is gone (`rdmx_rc::wire::Recall::GONE`), which a
 /// version 4 peer would take for a request. Version 6: a recall word may say that the
 /// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
-/// counter used before).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// counter used before). Version 7: UD endpoints (`TransportKind::Ud`) and the session
+/// token (`EndpointInfo::token`), a field a version 6 peer would not decode.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";

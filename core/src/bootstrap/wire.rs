@@ -28,6 +28,11 @@ pub enum TransportKind {
     Rc,
     /// XRC: one initiator QP per remote node, reaching every SRQ of the remote processes.
     Xrc,
+    /// UD: datagrams over a few queue pairs per context for any number of peers, made
+    /// reliable by per-peer sessions (`rdmx-ud`). In its endpoint information `qpn` is the
+    /// context's UD queue pair, `psn` the session's first sequence number, `tag` its session
+    /// id, `credits` its receive window in datagrams, and `token` what its datagrams carry.
+    Ud,
 }
 
 /// Everything one side tells the other to connect an endpoint.
@@ -79,6 +84,9 @@ pub struct EndpointInfo {
     /// sends to (connected for another endpoint, possibly to another process of that
     /// node); the peer uses it instead of making a new one.
     pub xrc_in_use: Option<u32>,
+    /// UD: the token the peer's datagrams to this side's session must carry (0 for RC and
+    /// XRC).
+    pub token: u32,
 }
 
 /// One message of the bootstrap exchange.

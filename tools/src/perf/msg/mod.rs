@@ -229,8 +229,8 @@ fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
         TransportArg::Rc => Ok(MsgTransport::Rc),
         TransportArg::Xrc => Ok(MsgTransport::Xrc),
         TransportArg::Ud => Err(Error::msg(
-            "--transport ud is not a message-layer transport: rdmx endpoints are reliable \
-             (rc, xrc); measure UD queue pairs at the verbs level (--layer verbs)",
+            "--transport ud: UD endpoints (rdmx-ud) are not part of rdmx::Context yet; \
+             measure UD queue pairs at the verbs level (--layer verbs)",
         )),
     }
 }
@@ -240,6 +240,7 @@ fn transport_name(t: MsgTransport) -> &'static str {
     match t {
         MsgTransport::Rc => "rc",
         MsgTransport::Xrc => "xrc",
+        MsgTransport::Ud => "ud",
     }
 }
 

@@ -1,0 +1,202 @@
+//! Setting sessions up, whatever the exchange: taking a receive window from the budget,
+//! describing our side, checking and opening the session towards what the peer described.
+
+use std::net::SocketAddr;
+
+use rdmx_core::bootstrap::{EndpointInfo, PathInfo, TransportKind};
+use rdmx_core::worker::WaitSlot;
+use rdmx_core::{Error, Result};
+use rdmx_verbs::{AhAttr, Gid, Qpn};
+
+use crate::endpoint::Endpoint;
+use crate::seq::Seq;
+use crate::session::Session;
+use crate::state::{Peer, UdRef};
+
+/// Session ids travel in the endpoint information's 16-bit `tag`.
+pub(crate) const MAX_SESSIONS: usize = 1 << 16;
+
+/// Our side of a session being set up: its key (the session id), token and first sequence
+/// number, its receive window taken from the budget.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Half {
+    pub(crate) key: usize,
+    pub(crate) token: u32,
+    pub(crate) first: Seq,
+}
+
+/// What the peer told of its session.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerHalf {
+    pub(crate) addr: SocketAddr,
+    pub(crate) gid: Gid,
+    pub(crate) qpn: Qpn,
+    pub(crate) session: u32,
+    pub(crate) token: u32,
+    pub(crate) first: Seq,
+    pub(crate) window: u32,
+    pub(crate) mtu: usize,
+    pub(crate) max_message: usize,
+}
+
+impl UdRef {
+    /// Takes a receive window from the budget and a session key, and picks our token and
+    /// first sequence number. Undo with [`unreserve`](Self::unreserve) if the session is
+    /// never opened.
+    pub(crate) fn reserve(&self) -> Result<Half> {
+        self.with(|sh, st, _| {
+            let w = u64::from(sh.session.recv_window);
+            if st.windows + w > u64::from(sh.rq_depth) {
+                return Err(Error::Config(format!(
+                    "the receive queue ({} buffers) backs at most {} peers at {} credits each",
+                    sh.rq_depth,
+                    u64::from(sh.rq_depth) / w,
+                    w
+                )));
+            }
+            if st.peers.vacant_key() >= MAX_SESSIONS {
+                return Err(Error::Config(format!(
+                    "a UD transport holds at most {MAX_SESSIONS} sessions"
+                )));
+            }
+            // The key is ours from now on (`None` until the session opens).
+            let key = st.peers.insert(None);
+            st.windows += w;
+            Ok(Half {
+                key,
+                token: rdmx_verbs::random_u64() as u32,
+                first: Seq((rdmx_verbs::random_u64() as u32) & 0x00ff_ffff),
+            })
+        })
+    }
+
+    /// Gives back the key and window [`reserve`](Self::reserve) took for a session never
+    /// opened.
+    pub(crate) fn unreserve(&self, h: &Half) {
+        self.with(|sh, st, _| {
+            if st.peers.get(h.key).is_some_and(Option::is_none) {
+                sh.remove(st, h.key);
+            }
+        });
+    }
+
+    /// Our side, for the peer.
+    pub(crate) fn describe(&self, h: &Half) -> Result<EndpointInfo> {
+        let sh = &self.sh;
+        let gid = sh.vctx.query_gid(1, 0)?;
+        Ok(EndpointInfo {
+            transport: TransportKind::Ud,
+            qpn: sh.qp.qp_num().0,
+            psn: h.first.0,
+            mtu: sh.session.max_datagram as u32,
+            primary: PathInfo {
+                gid: gid.0,
+                udp_port: sh.addr.port(),
+                port_num: 1,
+            },
+            alternate: None,
+            srq_nums: Vec::new(),
+            credits: sh.session.recv_window,
+            mailbox_addr: 0,
+            mailbox_rkey: 0,
+            max_message: sh.session.max_message as u64,
+            eager_limit: 0,
+            context_id: 0,
+            node_id: 0,
+            tag: h.key as u32,
+            xrc_target: None,
+            xrc_target_path: None,
+            xrc_target_alt: None,
+            xrc_in_use: None,
+            token: h.token,
+        })
+    }
+
+    /// Opens our session `h` towards `peer`.
+    ///
+    /// # Errors
+    /// `Verbs` when the address handle cannot be made (the reservation stays: undo it);
+    /// `Protocol` when the reservation is gone.
+    pub(crate) fn open(&self, h: Half, peer: &PeerHalf) -> Result<Endpoint> {
+        let ah = self
+            .sh
+            .pd
+            .create_ah(&AhAttr::new(peer.gid).with_udp_port(peer.addr.port()))?;
+        let id = self.with(|sh, st, cx| {
+            if !st.peers.get(h.key).is_some_and(Option::is_none) {
+                return Err(Error::Protocol(
+                    "the UD session's reservation is gone".into(),
+                ));
+            }
+            let id = st.next_id;
+            st.next_id += 1;
+            let mut cfg = sh.session.clone();
+            cfg.max_datagram = cfg.max_datagram.min(peer.mtu);
+            cfg.max_message = cfg.max_message.min(peer.max_message);
+            let session = Session::new(
+                cfg,
+                h.token,
+                (peer.session, peer.token),
+                (h.first, peer.first),
+                peer.window,
+                cx.now(),
+            );
+            let k = h.key;
+            st.peers[k] = Some(Peer {
+                id,
+                session,
+                ah,
+                remote_qpn: peer.qpn,
+                wait: WaitSlot::new(h.key),
+                detached: false,
+                timer_at: None,
+                told_down: false,
+            });
+            st.mark_dirty(k);
+            let now = cx.now();
+            sh.after(st, cx, now);
+            Ok(id)
+        })?;
+        Ok(Endpoint {
+            u: self.clone(),
+            key: h.key,
+            id,
+            peer: peer.addr,
+        })
+    }
+}
+
+/// What a peer's endpoint information says of its UD session, checked.
+///
+/// # Errors
+/// `Protocol` for another transport, a window of zero, a datagram size below what a
+/// session needs.
+pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
+    if info.transport != TransportKind::Ud {
+        return Err(Error::Protocol(format!(
+            "the peer uses transport {:?}, this context ud",
+            info.transport
+        )));
+    }
+    if info.credits == 0 {
+        return Err(Error::Protocol("the peer grants no receive window".into()));
+    }
+    let mtu = info.mtu as usize;
+    if mtu < crate::wire::HEADER_LEN + 64 {
+        return Err(Error::Protocol(format!(
+            "the peer's datagrams of {mtu} bytes are too small"
+        )));
+    }
+    let gid = Gid(info.primary.gid);
+    Ok(PeerHalf {
+        addr: SocketAddr::new(gid.to_ip(), info.primary.udp_port),
+        gid,
+        qpn: Qpn(info.qpn),
+        session: info.tag,
+        token: info.token,
+        first: Seq(info.psn),
+        window: info.credits,
+        mtu,
+        max_message: usize::try_from(info.max_message).unwrap_or(usize::MAX),
+    })
+}
