@@ -151,6 +151,7 @@ impl UdTransport {
             t: self.clone(),
             tcp,
             local,
+            exchanges: Arc::new(crate::exchange::Exchanges::default()),
         })
     }
 
@@ -196,6 +197,7 @@ pub struct Listener {
     t: UdTransport,
     tcp: TcpListener,
     local: SocketAddr,
+    exchanges: Arc<crate::exchange::Exchanges>,
 }
 
 impl Listener {
@@ -204,12 +206,13 @@ impl Listener {
         self.local
     }
 
-    /// The next endpoint (exchanges that fail are logged and skipped).
+    /// The next endpoint (exchanges run concurrently; those that fail are logged and
+    /// skipped).
     ///
     /// # Errors
     /// `Bootstrap` when the listening socket fails.
     pub fn accept(&self) -> Result<Endpoint> {
-        crate::exchange::accept(&self.t.u, &self.tcp, None)
+        crate::exchange::accept(&self.t.u, &self.tcp, &self.exchanges, None)
     }
 
     /// [`accept`](Self::accept), waiting at most `timeout`.
@@ -217,7 +220,7 @@ impl Listener {
     /// # Errors
     /// As `accept`; `Timeout`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
-        crate::exchange::accept(&self.t.u, &self.tcp, Some(timeout))
+        crate::exchange::accept(&self.t.u, &self.tcp, &self.exchanges, Some(timeout))
     }
 
     /// The transport it accepts for.

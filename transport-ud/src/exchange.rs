@@ -3,8 +3,12 @@
 //! with its own (`Accept`), or a `Reject` that says why. The deadlines of these exchanges
 //! are the host's time (the protocol itself runs on the worker's clock).
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use rdmx_core::bootstrap::{self, Frame};
 use rdmx_core::{Error, Result};
@@ -70,25 +74,83 @@ fn answer(u: &UdRef, mut stream: TcpStream, deadline: Instant) -> Result<Endpoin
     r
 }
 
+/// Exchanges a listener runs at once at most; a connection beyond is refused as busy.
+const MAX_EXCHANGES: usize = 64;
+
+/// How often a waiting `accept` looks for a finished exchange while no connection comes.
+const ACCEPT_SLICE: Duration = Duration::from_millis(10);
+
+/// The exchanges of one listener: each runs on a thread of its own, so that a peer that
+/// connects and says nothing (or reads its reject slowly) holds up only its own exchange.
+#[derive(Debug, Default)]
+pub(crate) struct Exchanges {
+    state: Mutex<ExchangeState>,
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct ExchangeState {
+    running: usize,
+    ready: VecDeque<Endpoint>,
+}
+
 /// Accepts the next endpoint on `tcp`, waiting at most `timeout` (`None`: for ever). A
 /// connection whose exchange fails (garbage, another transport, a peer that gives up) is
-/// logged and the next one is waited for.
-pub(crate) fn accept(u: &UdRef, tcp: &TcpListener, timeout: Option<Duration>) -> Result<Endpoint> {
+/// logged; the exchanges run concurrently (see [`Exchanges`]).
+pub(crate) fn accept(
+    u: &UdRef,
+    tcp: &TcpListener,
+    ex: &Arc<Exchanges>,
+    timeout: Option<Duration>,
+) -> Result<Endpoint> {
     let end = timeout.map(|t| host_now() + t);
     loop {
-        let (stream, from) = match end {
-            None => bootstrap::accept(tcp)?,
-            Some(end) => match bootstrap::accept_until(tcp, end)? {
-                Some(c) => c,
-                None => return Err(Error::Timeout(timeout.unwrap_or_default())),
-            },
-        };
-        match answer(u, stream, deadline(u)) {
-            Ok(ep) => return Ok(ep),
-            Err(e) => tracing::debug!(%from, "UD exchange failed: {e}"),
+        if let Some(ep) = ex.state.lock().ready.pop_front() {
+            return Ok(ep);
         }
-        if end.is_some_and(|e| host_now() >= e) {
+        let now = host_now();
+        if end.is_some_and(|e| now >= e) {
             return Err(Error::Timeout(timeout.unwrap_or_default()));
+        }
+        // Wait for a connection a slice at a time, looking at finished exchanges between.
+        let slice = end.map_or(now + ACCEPT_SLICE, |e| e.min(now + ACCEPT_SLICE));
+        let Some((mut stream, from)) = bootstrap::accept_until(tcp, slice)? else {
+            let mut st = ex.state.lock();
+            if st.ready.is_empty() && st.running > 0 {
+                // (Woken early by an exchange that finishes.)
+                ex.done.wait_for(&mut st, Duration::from_millis(1));
+            }
+            continue;
+        };
+        {
+            let mut st = ex.state.lock();
+            if st.running >= MAX_EXCHANGES {
+                drop(st);
+                let _ = bootstrap::reject(
+                    &mut stream,
+                    "busy: too many exchanges under way; retry",
+                    host_now() + Duration::from_millis(100),
+                );
+                continue;
+            }
+            st.running += 1;
+        }
+        let (u2, ex2) = (u.clone(), Arc::clone(ex));
+        let spawned = std::thread::Builder::new()
+            .name("rdmx-ud-exchange".into())
+            .spawn(move || {
+                let r = answer(&u2, stream, deadline(&u2));
+                let mut st = ex2.state.lock();
+                st.running -= 1;
+                match r {
+                    Ok(ep) => st.ready.push_back(ep),
+                    Err(e) => tracing::debug!(%from, "UD exchange failed: {e}"),
+                }
+                ex2.done.notify_all();
+            });
+        if let Err(e) = spawned {
+            ex.state.lock().running -= 1;
+            tracing::warn!("cannot start a UD exchange thread: {e}");
         }
     }
 }
