@@ -114,6 +114,11 @@ impl UdTransport {
         self.u.sh.addr
     }
 
+    /// The number of the queue pair every peer sends to.
+    pub fn qp_num(&self) -> rdmx_verbs::Qpn {
+        self.u.sh.qp.qp_num()
+    }
+
     /// Counters.
     pub fn stats(&self) -> UdStats {
         self.u.with(|_, st, _| st.stats)

@@ -245,3 +245,115 @@ fn connecting_to_a_listener_that_refuses_is_a_clear_error() {
     refuser.join().unwrap();
     assert_eq!(a.endpoint_count(), 0);
 }
+
+/// Datagrams from a raw UD queue pair: garbage, unknown sessions, forged tokens, a real
+/// session's id with a forged sequence number. Each is dropped and counted; the endpoint
+/// goes on.
+#[test]
+fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
+    use rdmx_ud::Seq;
+    use rdmx_ud::wire::{Header, Kind};
+    use rdmx_verbs::{
+        AccessFlags, AhAttr, Device, QpAttr, QpAttrMask as M, QpInitAttr, QpState, SendWr,
+    };
+    let cfg = cfg();
+    let (wa, a) = node(&cfg, None);
+    let (wb, b) = node(&cfg, None);
+    let _ha = wa.start().unwrap();
+    let _hb = wb.start().unwrap();
+    let (ea, eb) = a.connect_local(&b).unwrap();
+    ea.send(b"before").unwrap();
+    assert_eq!(
+        &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"before"
+    );
+
+    // The attacker: a plain UD queue pair on a device of its own.
+    let ctx = Device::open("soft:127.0.0.1").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let mut init = QpInitAttr::ud(&cq, &cq);
+    init.cap.max_send_wr = 128;
+    let qp = pd.create_qp(&init).unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: rdmx_ud::QKEY,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 1,
+            ..QpAttr::default()
+        },
+        M::STATE | M::SQ_PSN,
+    )
+    .unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let to = b.addr();
+    let ah = pd
+        .create_ah(&AhAttr::new(rdmx_verbs::Gid::from_ip(to.ip())).with_udp_port(to.port()))
+        .unwrap();
+    let mut datagrams: Vec<Vec<u8>> =
+        vec![Vec::new(), b"GET / HTTP/1.1\r\n".to_vec(), vec![0xff; 4000]];
+    let forged = |session: u32, token: u32, seq: u32| {
+        let h = Header {
+            kind: Kind::Data,
+            flags: rdmx_ud::wire::flags::FIRST | rdmx_ud::wire::flags::LAST,
+            dst_session: session,
+            dst_token: token,
+            seq: Seq(seq),
+            ack: Seq(0),
+            sack: 0,
+            credit: Seq(0),
+            len: 8,
+        };
+        let mut d = vec![0u8; rdmx_ud::wire::HEADER_LEN + 8];
+        h.write(&mut d);
+        d[rdmx_ud::wire::HEADER_LEN..].copy_from_slice(&[0, 0, 0, 4, b'e', b'v', b'i', b'l']);
+        d
+    };
+    for s in [0u32, 1, 7, 60_000, u32::MAX] {
+        datagrams.push(forged(s, 0x1234_5678, 0));
+        datagrams.push(forged(s, 0, 12345));
+    }
+    for (i, d) in datagrams.iter().enumerate() {
+        mr.write(0, d).unwrap();
+        let sge = [mr.sge(0, d.len())];
+        qp.post_send(&SendWr::send(i as u64, &sge).to(&ah, b.qp_num(), rdmx_ud::QKEY))
+            .unwrap();
+    }
+    // Everything lands and is judged; the endpoint still works, and nothing was delivered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        // 3 malformed; 8 for sessions that do not exist (1, 7, 60,000, u32::MAX); the 2
+        // for session 0 fail its token inside the session.
+        let s = b.stats();
+        if s.malformed + s.unknown_session >= 11 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ea.send(b"after").unwrap();
+    assert_eq!(
+        &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"after"
+    );
+    assert!(eb.try_recv().is_err());
+    let s = b.stats();
+    assert_eq!((s.malformed, s.unknown_session), (3, 8), "{s:?}");
+}
