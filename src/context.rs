@@ -1,17 +1,22 @@
-//! The user-facing context: a worker (`rdmx_core::worker`) and its transports. Today the
-//! RC/XRC transport (`rdmx_rc::RcTransport`); the UD transport joins it in the same worker
-//! (one device, protection domain, pool, completion channel and progress thread).
-//! [`connect`](Context::connect) and [`listen`](Context::listen) pick the transport from the
-//! configuration; [`recv`](Context::recv) serves every endpoint of every transport.
+//! The user-facing context: a worker (`rdmx_core::worker`) and its transports — the RC/XRC
+//! transport (`rdmx_rc::RcTransport`) always, and the UD transport (`rdmx_ud::UdTransport`)
+//! when the configuration asks for UD — in one worker (one device, protection domain, pool,
+//! completion channel and progress thread). [`connect`](Context::connect) and
+//! [`listen`](Context::listen) pick the transport from the configuration;
+//! [`recv`](Context::recv) serves every endpoint of every transport.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use rdmx_core::bootstrap::TransportKind;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
 use rdmx_core::{Buf, Config, Event, Message, RegCacheStats, Result};
-use rdmx_rc::{ContextParts, Endpoint, FromParts, LocalRegion, RcTransport, Stats};
+use rdmx_rc::{ContextParts, FromParts, LocalRegion, RcTransport, Stats};
+use rdmx_ud::UdTransport;
 use rdmx_verbs::NicCounters;
+
+use crate::endpoint::Endpoint;
 
 /// Builds a [`Context`]. Every method has an `RDMX_*` environment variable (see
 /// `rdmx_core::config`); values set here win.
@@ -24,17 +29,25 @@ pub struct Context {
     /// Keeps the background thread (see `WorkerHandle`).
     handle: WorkerHandle,
     rc: RcTransport,
+    /// The UD transport, when the configuration's transport is UD.
+    ud: Option<UdTransport>,
 }
 
 impl FromParts for Context {
     fn from_parts(p: ContextParts) -> Result<Self> {
         let cfg = p.cfg;
         cfg.validate()?;
+        let ud = cfg.transport == TransportKind::Ud;
         // Every transport's receive-buffer class goes in the one pool.
-        let (w, node) = rdmx_rc::open_worker(&cfg, p.options, p.node, &[cfg.recv_buf_size()])?;
+        let mut classes = vec![cfg.recv_buf_size()];
+        if ud {
+            classes.push(UdTransport::RECV_BUF_SIZE);
+        }
+        let (w, node) = rdmx_rc::open_worker(&cfg, p.options, p.node, &classes)?;
         let rc = RcTransport::attach(&w, &cfg, node.as_ref())?;
+        let ud = ud.then(|| UdTransport::attach(&w, &cfg)).transpose()?;
         let handle = w.start()?;
-        Ok(Self { handle, rc })
+        Ok(Self { handle, rc, ud })
     }
 }
 
@@ -72,6 +85,11 @@ impl Context {
         &self.rc
     }
 
+    /// The UD transport, when the configuration's transport is UD.
+    pub fn ud(&self) -> Option<&UdTransport> {
+        self.ud.as_ref()
+    }
+
     /// The effective configuration of the endpoints' transport.
     pub fn config(&self) -> &Config {
         self.rc.config()
@@ -89,8 +107,12 @@ impl Context {
     /// # Errors
     /// `Bootstrap` when the address cannot be bound.
     pub fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let inner = match &self.ud {
+            Some(ud) => ListenerInner::Ud(ud.listen(addr)?),
+            None => ListenerInner::Rc(self.rc.listen(addr, &self.handle)?),
+        };
         Ok(Listener {
-            inner: self.rc.listen(addr, &self.handle)?,
+            inner,
             ctx: self.clone(),
         })
     }
@@ -101,7 +123,10 @@ impl Context {
     /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout),
     /// `Verbs` when the queue pair cannot be set up.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
-        self.rc.connect(addr)
+        match &self.ud {
+            Some(ud) => ud.connect(addr).map(Endpoint::from),
+            None => self.rc.connect(addr).map(Endpoint::from),
+        }
     }
 
     /// Waits for the next message from any endpoint of any transport (see
@@ -205,9 +230,10 @@ impl Context {
         self.worker().device_counters()
     }
 
-    /// Number of endpoints (including ones that are down but not yet dropped).
+    /// Number of endpoints (including ones that are down but not yet dropped), of every
+    /// transport.
     pub fn endpoint_count(&self) -> usize {
-        self.rc.endpoint_count()
+        self.rc.endpoint_count() + self.ud.as_ref().map_or(0, UdTransport::endpoint_count)
     }
 
     /// Queue pairs this context created for its endpoints (see
@@ -235,17 +261,26 @@ impl Context {
     }
 }
 
-/// Accepts endpoints on a TCP address.
+/// Accepts endpoints on a TCP address, over the context's transport.
 #[derive(Debug)]
 pub struct Listener {
-    inner: rdmx_rc::Listener,
+    inner: ListenerInner,
     ctx: Context,
+}
+
+#[derive(Debug)]
+enum ListenerInner {
+    Rc(rdmx_rc::Listener),
+    Ud(rdmx_ud::Listener),
 }
 
 impl Listener {
     /// The address it listens on (with the real port when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr()
+        match &self.inner {
+            ListenerInner::Rc(l) => l.local_addr(),
+            ListenerInner::Ud(l) => l.local_addr(),
+        }
     }
 
     /// Waits for the next peer and sets up an endpoint with it (see
@@ -254,7 +289,10 @@ impl Listener {
     /// # Errors
     /// `Bootstrap` for a failed exchange, `Verbs` for queue pair set-up failures.
     pub fn accept(&self) -> Result<Endpoint> {
-        self.inner.accept()
+        match &self.inner {
+            ListenerInner::Rc(l) => l.accept().map(Endpoint::from),
+            ListenerInner::Ud(l) => l.accept().map(Endpoint::from),
+        }
     }
 
     /// [`accept`](Self::accept), giving up with `Timeout` when no peer connects within
@@ -263,17 +301,29 @@ impl Listener {
     /// # Errors
     /// `Timeout`, or as `accept`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint> {
-        self.inner.accept_timeout(timeout)
+        match &self.inner {
+            ListenerInner::Rc(l) => l.accept_timeout(timeout).map(Endpoint::from),
+            ListenerInner::Ud(l) => l.accept_timeout(timeout).map(Endpoint::from),
+        }
     }
 
     /// [`accept`](Self::accept) without blocking the runtime (see
-    /// [`rdmx_rc::Listener::accept_async`]).
+    /// [`rdmx_rc::Listener::accept_async`]; a UD listener accepts on a blocking task).
     ///
     /// # Errors
     /// As `accept`.
     #[cfg(feature = "tokio")]
     pub async fn accept_async(&self) -> Result<Endpoint> {
-        self.inner.accept_async().await
+        match &self.inner {
+            ListenerInner::Rc(l) => l.accept_async().await.map(Endpoint::from),
+            ListenerInner::Ud(l) => loop {
+                // (Short slices, so that the runtime's other tasks run between them.)
+                match l.accept_timeout(Duration::from_millis(5)) {
+                    Err(rdmx_core::Error::Timeout(_)) => tokio::task::yield_now().await,
+                    other => return other.map(Endpoint::from),
+                }
+            },
+        }
     }
 
     /// The context it belongs to.

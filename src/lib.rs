@@ -31,10 +31,13 @@ pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::TransportKind as Transport;
 pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
 mod context;
+mod endpoint;
 
 pub use context::{Context, ContextBuilder, Listener};
+pub use endpoint::Endpoint;
 pub use rdmx_rc::{
-    Batch, Endpoint, IntoBufError, LocalRegion, Message, Node, RcTransport, RemoteRegion, Stats,
+    Batch, IntoBufError, LocalRegion, Message, Node, RcTransport, RemoteRegion, Stats,
 };
+pub use rdmx_ud::UdTransport;
 pub use rdmx_verbs as verbs;
 pub use rdmx_verbs::SharedBytes;

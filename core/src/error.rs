@@ -54,4 +54,7 @@ pub enum Error {
     /// The API was used in a way it does not support.
     #[error("invalid use: {0}")]
     InvalidArgument(String),
+    /// The endpoint's transport cannot do this (one-sided operations on a UD endpoint).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }

@@ -239,18 +239,29 @@ fn xrc_lat_and_bw() {
 }
 
 #[test]
-fn other_layers_tests_and_ud_are_refused_clearly() {
-    let e = fails(&[
-        "perf",
-        "--layer",
-        "msg",
-        "--local",
+fn ud_lat_bw_and_rate() {
+    let lines = perf_json(&["--test", "lat", "--iters", "200", "--transport", "ud"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_transport(&lines[0], "ud", "lat", 8, 200);
+    let lines = perf_json(&[
         "--test",
-        "lat",
+        "bw",
+        "--size",
+        "65536",
+        "--iters",
+        "100",
         "--transport",
         "ud",
     ]);
-    assert!(e.contains("not part of rdmx::Context yet"), "{e}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_transport(&lines[0], "ud", "bw", 65536, 100);
+    let lines = perf_json(&["--test", "rate", "--iters", "2000", "--transport", "ud"]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    check_transport(&lines[0], "ud", "rate", 8, 2000);
+}
+
+#[test]
+fn other_layers_tests_are_refused_clearly() {
     let e = fails(&["perf", "--layer", "msg", "--local", "--test", "send_lat"]);
     assert!(e.contains("verbs-level test"), "{e}");
     let e = fails(&["perf", "--local", "--test", "bw"]);

@@ -57,7 +57,7 @@ impl Endpoint {
     }
 
     /// [`try_once`](Self::try_once), the worker's lock held.
-    fn try_on(&self, ws: &mut WorkerState, data: &[u8]) -> Result<bool> {
+    pub(crate) fn try_on(&self, ws: &mut WorkerState, data: &[u8]) -> Result<bool> {
         self.u.on(ws, |sh, st, cx| {
             let Some(p) = st.peer_mut(self.key) else {
                 return Err(Error::Disconnected(DisconnectCause::LocalClose));

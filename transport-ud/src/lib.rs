@@ -18,6 +18,8 @@
 // I/O) < `state` (resources and state) < `engine` (progress) < `endpoint` < `setup`
 // (reserving and opening sessions) < `transport` (the worker's view), `exchange` (set-up
 // over the side channel) < `attach` (the transport as applications see it).
+#[cfg(feature = "tokio")]
+mod asyncio;
 mod attach;
 mod endpoint;
 mod engine;

@@ -268,6 +268,8 @@ fn result(
     ];
     let mut used = sent.iter().filter(|(n, _)| *n > 0).map(|&(_, name)| name);
     let msg_protocol = match (used.next(), used.next()) {
+        // (UD endpoints send everything as datagrams, segmented above the MTU.)
+        _ if ctx.ud().is_some() => Some("datagram"),
         (Some(name), None) => Some(name),
         (Some(_), Some(_)) => Some("mixed"),
         (None, _) => None,

@@ -220,18 +220,16 @@ fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
         return match std::env::var("RDMX_TRANSPORT").as_deref() {
             Err(_) | Ok("rc") => Ok(MsgTransport::Rc),
             Ok("xrc") => Ok(MsgTransport::Xrc),
+            Ok("ud") => Ok(MsgTransport::Ud),
             Ok(other) => Err(Error::msg(format!(
-                "RDMX_TRANSPORT={other}: the message layer runs over rc or xrc"
+                "RDMX_TRANSPORT={other}: the message layer runs over rc, xrc or ud"
             ))),
         };
     };
     match arg {
         TransportArg::Rc => Ok(MsgTransport::Rc),
         TransportArg::Xrc => Ok(MsgTransport::Xrc),
-        TransportArg::Ud => Err(Error::msg(
-            "--transport ud: UD endpoints (rdmx-ud) are not part of rdmx::Context yet; \
-             measure UD queue pairs at the verbs level (--layer verbs)",
-        )),
+        TransportArg::Ud => Ok(MsgTransport::Ud),
     }
 }
 

@@ -1,0 +1,341 @@
+//! [`Endpoint`]: one peer of a context, over whichever transport the context's configuration
+//! picked. Every transport gives the same message contract (exactly once, in order,
+//! flow-controlled); one-sided operations need RC or XRC, and a UD endpoint answers them with
+//! `Error::Unsupported`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdmx_core::{Buf, DisconnectCause, Error, Message, Result};
+use rdmx_rc::RemoteRegion;
+use rdmx_verbs::SharedBytes;
+
+/// An endpoint: messages to and from one peer (see the module docs).
+#[derive(Debug)]
+pub struct Endpoint(Inner);
+
+#[derive(Debug)]
+enum Inner {
+    Rc(rdmx_rc::Endpoint),
+    Ud(rdmx_ud::Endpoint),
+}
+
+impl From<rdmx_rc::Endpoint> for Endpoint {
+    fn from(e: rdmx_rc::Endpoint) -> Self {
+        Self(Inner::Rc(e))
+    }
+}
+
+impl From<rdmx_ud::Endpoint> for Endpoint {
+    fn from(e: rdmx_ud::Endpoint) -> Self {
+        Self(Inner::Ud(e))
+    }
+}
+
+/// Calls the same method on either transport's endpoint.
+macro_rules! both {
+    ($self:ident, $e:ident => $call:expr) => {
+        match &$self.0 {
+            Inner::Rc($e) => $call,
+            Inner::Ud($e) => $call,
+        }
+    };
+}
+
+/// What a UD endpoint answers to a one-sided operation.
+fn one_sided_on_ud() -> Error {
+    Error::Unsupported(
+        "one-sided operations (RDMA write, read, atomics) need an RC or XRC endpoint; this \
+         one is UD"
+            .into(),
+    )
+}
+
+impl Endpoint {
+    /// The RC/XRC endpoint underneath, if it is one.
+    pub fn as_rc(&self) -> Option<&rdmx_rc::Endpoint> {
+        match &self.0 {
+            Inner::Rc(e) => Some(e),
+            Inner::Ud(_) => None,
+        }
+    }
+
+    /// The UD endpoint underneath, if it is one.
+    pub fn as_ud(&self) -> Option<&rdmx_ud::Endpoint> {
+        match &self.0 {
+            Inner::Ud(e) => Some(e),
+            Inner::Rc(_) => None,
+        }
+    }
+
+    /// The peer's address (its side channel's for RC, its device's for UD).
+    pub fn peer_addr(&self) -> SocketAddr {
+        both!(self, e => e.peer_addr())
+    }
+
+    /// The endpoint's id (in events and messages).
+    pub fn id(&self) -> u64 {
+        both!(self, e => e.id())
+    }
+
+    /// True while messages can be sent and received.
+    pub fn is_connected(&self) -> bool {
+        both!(self, e => e.is_connected())
+    }
+
+    /// Why the endpoint is down, if it is.
+    pub fn disconnect_cause(&self) -> Option<DisconnectCause> {
+        both!(self, e => e.disconnect_cause())
+    }
+
+    /// Sends a copy of `data`, waiting for room (credits, send slots).
+    ///
+    /// # Errors
+    /// `MessageTooLarge`; `Disconnected` once the endpoint is closing or down.
+    pub fn send(&self, data: &[u8]) -> Result<()> {
+        both!(self, e => e.send(data))
+    }
+
+    /// [`send`](Self::send), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `send`; `Timeout`.
+    pub fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
+        both!(self, e => e.send_timeout(data, timeout))
+    }
+
+    /// Sends a copy of `data` if there is room now.
+    ///
+    /// # Errors
+    /// `WouldBlock` when there is none; else as `send`.
+    pub fn try_send(&self, data: &[u8]) -> Result<()> {
+        both!(self, e => e.try_send(data))
+    }
+
+    /// Sends a pooled buffer (RC: without a copy; UD: copied into its session).
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_buf(&self, buf: Buf) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_buf(buf),
+            Inner::Ud(e) => e.send(&buf),
+        }
+    }
+
+    /// [`send_buf`](Self::send_buf), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `send_buf`; `Timeout`.
+    pub fn send_buf_timeout(&self, buf: Buf, timeout: Duration) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_buf_timeout(buf, timeout),
+            Inner::Ud(e) => e.send_timeout(&buf, timeout),
+        }
+    }
+
+    /// Sends a pooled buffer if there is room now: `Ok(None)` sent, `Ok(Some(buf))` no room
+    /// (the buffer handed back).
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn try_send_buf(&self, buf: Buf) -> Result<Option<Buf>> {
+        match &self.0 {
+            Inner::Rc(e) => e.try_send_buf(buf),
+            Inner::Ud(e) => match e.try_send(&buf) {
+                Ok(()) => Ok(None),
+                Err(Error::WouldBlock) => Ok(Some(buf)),
+                Err(err) => Err(err),
+            },
+        }
+    }
+
+    /// Sends application memory (RC: zero-copy through the registration cache; UD: copied).
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_shared(&self, data: impl Into<SharedBytes>) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_shared(data),
+            Inner::Ud(e) => e.send(&data.into()),
+        }
+    }
+
+    /// [`send_shared`](Self::send_shared), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `send_shared`; `Timeout`.
+    pub fn send_shared_timeout(
+        &self,
+        data: impl Into<SharedBytes>,
+        timeout: Duration,
+    ) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_shared_timeout(data, timeout),
+            Inner::Ud(e) => e.send_timeout(&data.into(), timeout),
+        }
+    }
+
+    /// [`send_shared`](Self::send_shared) if there is room now.
+    ///
+    /// # Errors
+    /// `WouldBlock`; else as `send_shared`.
+    pub fn try_send_shared(&self, data: &SharedBytes) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.try_send_shared(data),
+            Inner::Ud(e) => e.try_send(data),
+        }
+    }
+
+    /// The next message, waiting for it.
+    ///
+    /// # Errors
+    /// `Disconnected` once the endpoint is down and every message before was taken.
+    pub fn recv(&self) -> Result<Message> {
+        both!(self, e => e.recv())
+    }
+
+    /// [`recv`](Self::recv), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `recv`; `Timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        both!(self, e => e.recv_timeout(timeout))
+    }
+
+    /// The next message if one is there now.
+    ///
+    /// # Errors
+    /// `WouldBlock` when none is; else as `recv`.
+    pub fn try_recv(&self) -> Result<Message> {
+        both!(self, e => e.try_recv())
+    }
+
+    /// Closes in order and waits (up to the peer timeout) for the peer to confirm.
+    ///
+    /// # Errors
+    /// `Timeout` when the peer did not answer in time; `Disconnected` when the endpoint
+    /// had gone down otherwise.
+    pub fn close(&self) -> Result<()> {
+        both!(self, e => e.close())
+    }
+
+    /// Begins an orderly close and returns at once.
+    pub fn start_close(&self) {
+        both!(self, e => e.start_close());
+    }
+
+    /// Writes `data` into the peer's region (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::write`].
+    pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.write(remote, offset, data),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// Writes application memory into the peer's region, zero-copy (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::write_shared`].
+    pub fn write_shared(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: impl Into<SharedBytes>,
+    ) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.write_shared(remote, offset, data),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// Reads `len` bytes of the peer's region (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::read`].
+    pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
+        match &self.0 {
+            Inner::Rc(e) => e.read(remote, offset, len),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// Compare-and-swap on a word of the peer's region (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::compare_swap`].
+    pub fn compare_swap(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        match &self.0 {
+            Inner::Rc(e) => e.compare_swap(remote, offset, compare, swap),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// Fetch-and-add on a word of the peer's region (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::fetch_add`].
+    pub fn fetch_add(&self, remote: &RemoteRegion, offset: u64, add: u64) -> Result<u64> {
+        match &self.0 {
+            Inner::Rc(e) => e.fetch_add(remote, offset, add),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// Waits for the next message without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`recv`](Self::recv).
+    #[cfg(feature = "tokio")]
+    pub async fn recv_async(&self) -> Result<Message> {
+        match &self.0 {
+            Inner::Rc(e) => e.recv_async().await,
+            Inner::Ud(e) => e.recv_async().await,
+        }
+    }
+
+    /// Sends a copy of `data` without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    #[cfg(feature = "tokio")]
+    pub async fn send_async(&self, data: &[u8]) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_async(data).await,
+            Inner::Ud(e) => e.send_async(data).await,
+        }
+    }
+
+    /// Sends a pooled buffer without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`send_buf`](Self::send_buf).
+    #[cfg(feature = "tokio")]
+    pub async fn send_buf_async(&self, buf: Buf) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_buf_async(buf).await,
+            Inner::Ud(e) => e.send_async(&buf).await,
+        }
+    }
+
+    /// Sends application memory without blocking the thread.
+    ///
+    /// # Errors
+    /// As [`send_shared`](Self::send_shared).
+    #[cfg(feature = "tokio")]
+    pub async fn send_shared_async(&self, data: impl Into<SharedBytes>) -> Result<()> {
+        match &self.0 {
+            Inner::Rc(e) => e.send_shared_async(data).await,
+            Inner::Ud(e) => e.send_async(&data.into()).await,
+        }
+    }
+}
