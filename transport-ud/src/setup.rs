@@ -138,7 +138,7 @@ impl UdRef {
                 h.token,
                 (peer.session, peer.token),
                 (h.first, peer.first),
-                peer.window,
+                (sh.session.recv_window, peer.window),
                 cx.now(),
             );
             let k = h.key;

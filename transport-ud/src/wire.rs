@@ -77,8 +77,16 @@ pub mod flags {
     pub const LAST: u8 = 2;
     /// Answer with an acknowledgement at once (a retransmission, a probe).
     pub const ACK_NOW: u8 = 4;
+    /// The sender has messages waiting and no credit: please grant some.
+    pub const WANT: u8 = 8;
+    /// The receiver asks an idle sender to give its unused credit back.
+    pub const RECALL: u8 = 16;
+    /// On an acknowledgement sent with nothing in flight: the sender will send nothing
+    /// below this header's `seq` any more, so the receiver may count every number before it
+    /// as received (the numbers an idle sender skipped to give recalled credit back).
+    pub const RETURN: u8 = 32;
     /// Every flag this version knows.
-    pub const ALL: u8 = FIRST | LAST | ACK_NOW;
+    pub const ALL: u8 = FIRST | LAST | ACK_NOW | WANT | RECALL | RETURN;
 }
 
 /// A datagram header.

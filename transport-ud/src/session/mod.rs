@@ -23,111 +23,21 @@
 //! before it, then answers with its own. A silent peer is probed after a quiet spell and
 //! declared unreachable after `peer_timeout` without a datagram; a sender waiting for credit
 //! probes so that a lost credit update cannot stall it.
+//!
+//! **Credit from a budget.** The window is the transport's to set ([`Session::set_window`]):
+//! a sender without credit asks for some (`WANT`), and a receiver may take credit back from
+//! an idle sender ([`Session::recall`]), which skips the sequence numbers it will not use.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use thiserror::Error;
-
 use crate::seq::Seq;
 use crate::wire::{self, HEADER_LEN, Header, Kind, MSG_LEN_PREFIX, PACKED_ENTRY_LEN, flags};
 
-/// How a session behaves.
-#[derive(Debug, Clone)]
-pub struct SessionConfig {
-    /// Largest datagram (header included): the path MTU's payload.
-    pub max_datagram: usize,
-    /// Largest message either way.
-    pub max_message: usize,
-    /// Datagrams in flight at most.
-    pub send_window: u32,
-    /// Datagrams the peer may send beyond what the application has not taken yet.
-    pub recv_window: u32,
-    /// Bytes of messages queued for sending before `send` says `WouldBlock`.
-    pub max_queued: usize,
-    /// Messages up to this size may share a datagram.
-    pub pack_max: usize,
-    /// First retransmission timeout.
-    pub rto: Duration,
-    /// Longest retransmission timeout.
-    pub max_rto: Duration,
-    /// An acknowledgement waits at most this long for a datagram to ride on.
-    pub ack_delay: Duration,
-    /// A peer silent (or acknowledging nothing) this long is unreachable.
-    pub peer_timeout: Duration,
-}
+mod credit;
+mod types;
 
-impl Default for SessionConfig {
-    fn default() -> Self {
-        Self {
-            max_datagram: 4096,
-            max_message: 64 << 20,
-            send_window: 64,
-            recv_window: 64,
-            max_queued: 1 << 20,
-            pack_max: 256,
-            rto: Duration::from_millis(5),
-            max_rto: Duration::from_millis(200),
-            ack_delay: Duration::from_micros(50),
-            peer_timeout: Duration::from_secs(2),
-        }
-    }
-}
-
-/// Why a session ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cause {
-    /// This side closed, and the peer confirmed.
-    LocalClose,
-    /// The peer closed in order: everything it sent was delivered.
-    PeerClosed,
-    /// The peer stopped answering.
-    PeerUnreachable,
-    /// The peer broke the protocol (what it did).
-    Protocol(String),
-}
-
-/// Why `send` refused a message.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum SendError {
-    /// The send queue is full: try again once datagrams are acknowledged.
-    #[error("the send queue is full")]
-    WouldBlock,
-    /// Longer than `max_message`.
-    #[error("message of {len} bytes; the limit is {max}")]
-    TooLarge {
-        /// Its length.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// The session is closing or closed.
-    #[error("the session is closed")]
-    Closed,
-}
-
-/// What a session counted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SessionStats {
-    /// Datagrams sent (first transmissions and retransmissions, acknowledgements).
-    pub sent: u64,
-    /// Of those, retransmissions.
-    pub retransmits: u64,
-    /// Of those, acknowledgements and probes sent alone.
-    pub acks: u64,
-    /// Datagrams received and accepted.
-    pub received: u64,
-    /// Duplicates dropped.
-    pub duplicates: u64,
-    /// Datagrams that arrived ahead of a missing one (held, inside the credit).
-    pub out_of_order: u64,
-    /// Datagrams dropped: beyond the credit granted, or acknowledging what was never sent.
-    pub refused: u64,
-    /// Messages delivered whole.
-    pub delivered: u64,
-    /// Messages that shared a datagram.
-    pub packed: u64,
-}
+pub use types::{Cause, SendError, SessionConfig, SessionStats};
 
 /// A datagram sent and not yet acknowledged.
 #[derive(Debug)]
@@ -192,8 +102,20 @@ pub struct Session {
     inbox: VecDeque<(Vec<u8>, u32)>,
     /// Packets of the whole messages the application has not taken yet.
     held: u32,
-    /// The highest credit ever told: the peer may send up to it whatever we hold since.
+    /// The highest credit ever told: the peer may send up to it whatever we hold since
+    /// (lowered only by the peer's `RETURN`).
     granted: Seq,
+    /// Datagrams we grant beyond the whole messages the application holds (the transport
+    /// sets it from its budget; `recv_window` to start with).
+    window: u32,
+    /// The peer asked for credit (`WANT`), and the transport has not looked yet.
+    wanted: bool,
+    /// We asked the peer to give its unused credit back, and it has not yet.
+    recall_out: bool,
+    /// When an unanswered recall is asked again.
+    recall_at: Option<Instant>,
+    /// Our credit-stall probes ask for credit.
+    want_out: bool,
     peer_fin: bool,
     ack_now: bool,
     ack_at: Option<Instant>,
@@ -212,18 +134,18 @@ pub struct Session {
 
 impl Session {
     /// A session whose datagrams carry `token`, towards the peer's session `peer_id` with
-    /// `peer_token`, both sides starting at `first` sent and `peer_first` received, the
-    /// peer granting `peer_window` datagrams until it says more (the set-up exchanges
-    /// them).
+    /// `peer_token`, both sides starting at `first` sent and `peer_first` received, this
+    /// side granting `window` datagrams and the peer `peer_window` until it says more (the
+    /// set-up exchanges them; either may be 0, and the sender then asks with `WANT`).
     pub fn new(
         cfg: SessionConfig,
         token: u32,
         (peer_id, peer_token): (u32, u32),
         (first, peer_first): (Seq, Seq),
-        peer_window: u32,
+        (window, peer_window): (u32, u32),
         now: Instant,
     ) -> Self {
-        let credit = peer_first.plus(cfg.recv_window);
+        let credit = peer_first.plus(window);
         Self {
             token,
             peer_id,
@@ -250,6 +172,11 @@ impl Session {
             inbox: VecDeque::new(),
             held: 0,
             granted: credit,
+            window,
+            wanted: false,
+            recall_out: false,
+            recall_at: None,
+            want_out: false,
             peer_fin: false,
             ack_now: false,
             ack_at: None,
@@ -294,7 +221,7 @@ impl Session {
         self.held = self.held.saturating_sub(packets);
         self.stats.delivered += 1;
         // A peer stalled on credit hears of the room as soon as half a window opened.
-        if self.credit().since(self.credit_told) >= i64::from(self.cfg.recv_window / 2).max(1) {
+        if self.credit().since(self.credit_told) >= i64::from(self.window / 2).max(1) {
             self.ack_now = true;
         }
         Some(m)
@@ -384,21 +311,6 @@ impl Session {
 
     // ------------------------------------------------------------------ network side
 
-    /// The credit we grant now: `recv_window` packets beyond the whole messages the
-    /// application has not taken. (The message being reassembled holds none: its bytes are
-    /// copied out as they come, and a message longer than the window must be able to
-    /// complete.) Never below what was told already: a peer may use a credit once told.
-    fn credit(&self) -> Seq {
-        let now = self
-            .rcv_next
-            .plus(self.cfg.recv_window.saturating_sub(self.held));
-        if now.before(self.granted) {
-            self.granted
-        } else {
-            now
-        }
-    }
-
     /// The selective acknowledgement of the 32 packets after `rcv_next`.
     fn sack(&self) -> u32 {
         let mut bits = 0u32;
@@ -411,6 +323,16 @@ impl Session {
     }
 
     fn header(&self, kind: Kind, flags: u8, seq: Seq, len: usize) -> Header {
+        let mut flags = flags;
+        if self.is_recalling() {
+            flags |= flags::RECALL;
+        }
+        // With nothing in flight, every number below `next_seq` was received: say so, so
+        // that numbers skipped by a recall are counted as received even if the first
+        // answer was lost.
+        if kind == Kind::Ack && self.inflight.is_empty() {
+            flags |= flags::RETURN;
+        }
         Header {
             kind,
             flags,
@@ -483,12 +405,18 @@ impl Session {
         // Data waits for credit with nothing in flight: probe, or a lost credit update
         // would stall us for ever.
         let stalled = !may && self.inflight.is_empty() && self.has_unsent();
+        self.want_out = stalled;
         if stalled && self.probe_at.is_none() {
+            // Ask for credit at once (the peer may hold none for us), then every `rto`.
             self.probe_at = Some(now + self.rto());
+            self.probe_due = true;
         }
         let ack_due = self.ack_now || self.ack_at.is_some_and(|t| t <= now);
         if ack_due || self.probe_due {
-            let fl = if self.probe_due { flags::ACK_NOW } else { 0 };
+            let mut fl = if self.probe_due { flags::ACK_NOW } else { 0 };
+            if self.probe_due && self.want_out {
+                fl |= flags::WANT;
+            }
             let h = self.header(Kind::Ack, fl, self.next_seq, 0);
             h.write(out);
             self.probe_due = false;
@@ -616,6 +544,7 @@ impl Session {
         if h.has(flags::ACK_NOW) {
             self.ack_now = true;
         }
+        self.take_credit_flags(h);
         if !h.kind.is_sequenced() {
             return;
         }
@@ -794,6 +723,7 @@ impl Session {
             self.rto_at,
             self.ack_at,
             self.probe_at,
+            self.recall_at.filter(|_| self.is_recalling()),
             Some(self.keepalive_at),
             Some(death),
         ]
@@ -841,6 +771,11 @@ impl Session {
             self.probe_due = true;
             self.probe_at = Some(now + self.rto());
         }
+        if self.recall_at.is_some_and(|t| t <= now) {
+            // The recall or its answer was lost, or the peer was busy: ask again.
+            self.recall_at = self.is_recalling().then(|| now + self.rto());
+            self.ack_now |= self.recall_at.is_some();
+        }
         if self.keepalive_at <= now {
             // Quiet for a while: make sure the peer is there (again a third of the peer
             // timeout later if it stays quiet, so that two probes fit before the verdict).
@@ -853,195 +788,4 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pair(cfg: &SessionConfig, now: Instant) -> (Session, Session) {
-        (
-            Session::new(
-                cfg.clone(),
-                11,
-                (2, 22),
-                (Seq(100), Seq(5)),
-                cfg.recv_window,
-                now,
-            ),
-            Session::new(
-                cfg.clone(),
-                22,
-                (1, 11),
-                (Seq(5), Seq(100)),
-                cfg.recv_window,
-                now,
-            ),
-        )
-    }
-
-    /// Moves datagrams both ways over a perfect link until neither side has any; returns
-    /// how many moved.
-    fn pump(a: &mut Session, b: &mut Session, now: Instant) -> usize {
-        let mut buf = vec![0u8; 8192];
-        let mut moved = 0;
-        let mut hop = |from: &mut Session, to: &mut Session| {
-            let mut n_moved = 0;
-            while let Some(n) = from.poll_transmit(now, &mut buf) {
-                let (h, p) = Header::parse(&buf[..n]).expect("our own datagram parses");
-                to.handle_datagram(now, &h, p);
-                n_moved += 1;
-            }
-            n_moved
-        };
-        loop {
-            let n = hop(a, b) + hop(b, a);
-            if n == 0 {
-                return moved;
-            }
-            moved += n;
-        }
-    }
-
-    #[test]
-    fn a_message_longer_than_the_receive_window_completes() {
-        // Its segments must not hold credit while it is reassembled, or it never could.
-        let cfg = SessionConfig {
-            max_datagram: 128,
-            recv_window: 2,
-            send_window: 2,
-            ..SessionConfig::default()
-        };
-        let now = Instant::now();
-        let (mut a, mut b) = pair(&cfg, now);
-        let msg: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
-        a.send(&msg).unwrap();
-        a.send(b"after").unwrap();
-        pump(&mut a, &mut b, now);
-        assert_eq!(b.recv().as_deref(), Some(&msg[..]));
-        // The big message holds the credit until it is taken: the next one waits...
-        pump(&mut a, &mut b, now);
-        assert_eq!(b.recv().as_deref(), Some(&b"after"[..]));
-        assert_eq!(a.in_flight(), 0);
-    }
-
-    #[test]
-    fn a_receiver_that_does_not_read_stops_the_sender_and_holds_its_window() {
-        let cfg = SessionConfig {
-            recv_window: 4,
-            max_queued: 1 << 20,
-            pack_max: 0,
-            ..SessionConfig::default()
-        };
-        let now = Instant::now();
-        let (mut a, mut b) = pair(&cfg, now);
-        for i in 0..20u32 {
-            a.send(&i.to_be_bytes()).unwrap();
-        }
-        pump(&mut a, &mut b, now);
-        assert_eq!(b.held_packets(), 4, "the window and no more");
-        assert_eq!(a.queued_bytes(), 16 * 4);
-        let mut got = Vec::new();
-        for _ in 0..10 {
-            while let Some(m) = b.recv() {
-                got.push(u32::from_be_bytes(m[..4].try_into().unwrap()));
-            }
-            pump(&mut a, &mut b, now);
-        }
-        assert_eq!(got, (0..20).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn forged_and_stale_datagrams_are_counted_and_change_nothing() {
-        let cfg = SessionConfig::default();
-        let now = Instant::now();
-        let (mut a, mut b) = pair(&cfg, now);
-        a.send(b"one").unwrap();
-        let mut buf = vec![0u8; 8192];
-        let n = a.poll_transmit(now, &mut buf).unwrap();
-        let (h, p) = Header::parse(&buf[..n]).unwrap();
-        // The wrong token, an acknowledgement of what b never sent, a sequence number far
-        // beyond the credit.
-        for forged in [
-            Header { dst_token: 99, ..h },
-            Header {
-                ack: Seq(5).plus(1000),
-                ..h
-            },
-            Header {
-                seq: h.seq.plus(10_000),
-                ..h
-            },
-        ] {
-            b.handle_datagram(now, &forged, p);
-        }
-        assert_eq!(b.stats().refused, 3);
-        assert!(b.recv().is_none());
-        b.handle_datagram(now, &h, p);
-        b.handle_datagram(now, &h, p);
-        assert_eq!(b.stats().duplicates, 1);
-        assert_eq!(b.recv().as_deref(), Some(&b"one"[..]));
-        assert!(b.recv().is_none());
-        assert_eq!(b.cause(), None);
-    }
-
-    #[test]
-    fn a_peer_announcing_a_message_over_the_limit_breaks_the_protocol() {
-        let cfg = SessionConfig {
-            max_message: 1000,
-            ..SessionConfig::default()
-        };
-        let big = SessionConfig {
-            max_message: 100_000,
-            ..SessionConfig::default()
-        };
-        let now = Instant::now();
-        let mut a = Session::new(big, 11, (2, 22), (Seq(100), Seq(5)), 64, now);
-        let mut b = Session::new(cfg, 22, (1, 11), (Seq(5), Seq(100)), 64, now);
-        a.send(&[0u8; 5000]).unwrap();
-        pump(&mut a, &mut b, now);
-        assert!(matches!(b.cause(), Some(Cause::Protocol(m)) if m.contains("limit")));
-    }
-
-    #[test]
-    fn a_silent_peer_is_unreachable_within_the_peer_timeout() {
-        let cfg = SessionConfig {
-            peer_timeout: Duration::from_millis(300),
-            ..SessionConfig::default()
-        };
-        let t0 = Instant::now();
-        let (mut a, _b) = pair(&cfg, t0);
-        a.send(b"lost").unwrap();
-        let mut buf = vec![0u8; 8192];
-        let mut now = t0;
-        let mut steps = 0;
-        while a.cause().is_none() {
-            while a.poll_transmit(now, &mut buf).is_some() {}
-            now = a.poll_timeout().expect("a timer while the peer is awaited");
-            a.handle_timeout(now);
-            steps += 1;
-            assert!(steps < 1000);
-        }
-        assert_eq!(a.cause(), Some(Cause::PeerUnreachable));
-        assert!(
-            now - t0 <= cfg.peer_timeout + cfg.peer_timeout / 8,
-            "{:?}",
-            now - t0
-        );
-        assert!(a.stats().retransmits >= 4, "{:?}", a.stats());
-    }
-
-    #[test]
-    fn an_orderly_close_delivers_everything_then_ends_both_sides() {
-        let cfg = SessionConfig::default();
-        let now = Instant::now();
-        let (mut a, mut b) = pair(&cfg, now);
-        a.send(b"last words").unwrap();
-        a.close();
-        assert_eq!(a.send(b"too late"), Err(SendError::Closed));
-        pump(&mut a, &mut b, now);
-        assert_eq!(b.cause(), None, "a message is still to be taken");
-        assert_eq!(b.recv().as_deref(), Some(&b"last words"[..]));
-        assert_eq!(b.cause(), Some(Cause::PeerClosed));
-        pump(&mut a, &mut b, now);
-        assert_eq!(a.cause(), Some(Cause::LocalClose));
-        assert!(a.is_finished() && b.is_finished());
-    }
-}
+mod tests;
