@@ -28,17 +28,20 @@ pub struct UdTransport {
 impl UdTransport {
     /// Adds the UD transport to `worker`: a completion queue on its channel, one UD queue
     /// pair with `cfg.srq_depth` receive buffers from the worker's pool (its pool needs the
-    /// class [`RECV_BUF_SIZE`](Self::RECV_BUF_SIZE)), sessions whose receive window is
-    /// `cfg.credits` datagrams.
+    /// class [`RECV_BUF_SIZE`](Self::RECV_BUF_SIZE)) shared by every session, sessions whose
+    /// receive window is up to `cfg.credits` datagrams. Of the buffers, `max(64, srq_depth /
+    /// 8)` (at most half) are kept for control datagrams; the sessions' windows share the
+    /// rest, so any number of peers can connect: idle ones hold no buffer.
     ///
     /// # Errors
-    /// `Verbs` when a resource cannot be created; `Config` when the receive queue cannot
-    /// back one peer's window.
+    /// `Verbs` when a resource cannot be created; `Config` when the receive queue is too
+    /// short for one window beside the control reserve, or credits are 0.
     pub fn attach(w: &Worker, cfg: &Config) -> Result<Self> {
-        if cfg.credits > cfg.srq_depth {
+        let (control, data) = crate::budget::split(cfg.srq_depth);
+        if cfg.credits == 0 || cfg.credits > data {
             return Err(Error::Config(format!(
-                "credits = {} exceed srq_depth = {}: the receive queue must back at least one \
-                 peer's window",
+                "credits = {} with srq_depth = {}: a UD receive queue keeps {control} buffers \
+                 for control datagrams, and its other {data} must back at least one window",
                 cfg.credits, cfg.srq_depth
             )));
         }
@@ -85,12 +88,11 @@ impl UdTransport {
                 pool,
                 qkey: QKEY,
                 session,
-                rq_depth,
                 sq_depth,
                 addr,
                 cfg: cfg.clone(),
             });
-            let mut st = State::new(max_datagram);
+            let mut st = State::new(max_datagram, data);
             for _ in 0..rq_depth {
                 let buf = sh.pool.try_alloc(recv_len)?;
                 sh.post_recv(&mut st, buf)?;
@@ -121,7 +123,12 @@ impl UdTransport {
 
     /// Counters.
     pub fn stats(&self) -> UdStats {
-        self.u.with(|_, st, _| st.stats)
+        self.u.with(|_, st, _| UdStats {
+            grants: st.budget.grants,
+            recalls: st.budget.recalls,
+            credit_waits: st.budget.waits,
+            ..st.stats
+        })
     }
 
     /// Sessions (endpoints, including closing ones whose handle is gone).
@@ -134,8 +141,8 @@ impl UdTransport {
     ///
     /// # Errors
     /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout);
-    /// `Protocol` when the listener is not a UD one; `Config` when the receive queue cannot
-    /// back another peer's window.
+    /// `Protocol` when the listener is not a UD one; `Config` when the transport holds
+    /// 65,536 sessions already.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
         crate::exchange::connect(&self.u, resolve(addr)?)
     }

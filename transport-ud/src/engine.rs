@@ -72,11 +72,25 @@ impl Shared {
         n
     }
 
-    /// What follows any change: datagrams out, waiters told, timers queued, finished
-    /// sessions removed.
+    /// What follows any change: the budget's books, datagrams out, waiters told, timers
+    /// queued, finished sessions removed; then windows granted or recalled, and the
+    /// sessions they change sent to (a second round, and in a rare case a third).
     pub(crate) fn after(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
+        for _ in 0..3 {
+            if st.dirty.is_empty() {
+                break;
+            }
+            self.after_round(st, cx, now);
+            if !st.budget.waiting.is_empty() {
+                self.serve(st, now);
+            }
+        }
+    }
+
+    fn after_round(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
         let dirty = std::mem::take(&mut st.dirty);
         for &k in &dirty {
+            self.settle(st, k);
             self.transmit(st, k, now);
             let Some(p) = st.peer_mut(k) else {
                 continue;
@@ -224,16 +238,12 @@ impl Shared {
             .map(|c| Err(Error::Disconnected(disconnect_cause(c))))
     }
 
-    /// Removes peer `k` (or the key an exchange reserved) and gives its receive window
-    /// back.
+    /// Removes peer `k` (or the key an exchange reserved) and gives its share of the
+    /// receive budget back.
     pub(crate) fn remove(&self, st: &mut State, k: usize) {
-        if let Some(slot) = st.peers.try_remove(k) {
-            st.windows = st
-                .windows
-                .saturating_sub(u64::from(self.session.recv_window));
-            if let Some(p) = slot {
-                tracing::debug!(endpoint = p.id, "UD session removed");
-            }
+        if let Some(Some(mut p)) = st.peers.try_remove(k) {
+            st.budget.close(&mut p.share);
+            tracing::debug!(endpoint = p.id, "UD session removed");
         }
     }
 }

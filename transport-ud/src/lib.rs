@@ -21,6 +21,7 @@
 #[cfg(feature = "tokio")]
 mod asyncio;
 mod attach;
+mod budget;
 mod endpoint;
 mod engine;
 mod exchange;

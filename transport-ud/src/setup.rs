@@ -23,6 +23,8 @@ pub(crate) struct Half {
     pub(crate) key: usize,
     pub(crate) token: u32,
     pub(crate) first: Seq,
+    /// The window the session starts with (reserved in the budget; may be 0).
+    pub(crate) window: u32,
 }
 
 /// What the peer told of its session.
@@ -40,20 +42,12 @@ pub(crate) struct PeerHalf {
 }
 
 impl UdRef {
-    /// Takes a receive window from the budget and a session key, and picks our token and
-    /// first sequence number. Undo with [`unreserve`](Self::unreserve) if the session is
-    /// never opened.
+    /// Takes a session key and a receive window from the budget (the whole window while
+    /// the budget has room, else none: the peer then asks), and picks our token and first
+    /// sequence number. Undo with [`unreserve`](Self::unreserve) if the session is never
+    /// opened.
     pub(crate) fn reserve(&self) -> Result<Half> {
         self.with(|sh, st, _| {
-            let w = u64::from(sh.session.recv_window);
-            if st.windows + w > u64::from(sh.rq_depth) {
-                return Err(Error::Config(format!(
-                    "the receive queue ({} buffers) backs at most {} peers at {} credits each",
-                    sh.rq_depth,
-                    u64::from(sh.rq_depth) / w,
-                    w
-                )));
-            }
             if st.peers.vacant_key() >= MAX_SESSIONS {
                 return Err(Error::Config(format!(
                     "a UD transport holds at most {MAX_SESSIONS} sessions"
@@ -61,11 +55,12 @@ impl UdRef {
             }
             // The key is ours from now on (`None` until the session opens).
             let key = st.peers.insert(None);
-            st.windows += w;
+            let window = st.budget.take_initial(sh.session.recv_window);
             Ok(Half {
                 key,
                 token: rdmx_verbs::random_u64() as u32,
                 first: Seq((rdmx_verbs::random_u64() as u32) & 0x00ff_ffff),
+                window,
             })
         })
     }
@@ -76,6 +71,7 @@ impl UdRef {
         self.with(|sh, st, _| {
             if st.peers.get(h.key).is_some_and(Option::is_none) {
                 sh.remove(st, h.key);
+                st.budget.release(h.window);
             }
         });
     }
@@ -96,7 +92,7 @@ impl UdRef {
             },
             alternate: None,
             srq_nums: Vec::new(),
-            credits: sh.session.recv_window,
+            credits: h.window,
             mailbox_addr: 0,
             mailbox_rkey: 0,
             max_message: sh.session.max_message as u64,
@@ -138,10 +134,11 @@ impl UdRef {
                 h.token,
                 (peer.session, peer.token),
                 (h.first, peer.first),
-                (sh.session.recv_window, peer.window),
+                (h.window, peer.window),
                 cx.now(),
             );
             let k = h.key;
+            let share = st.budget.open(k, id, h.window, cx.now());
             st.peers[k] = Some(Peer {
                 id,
                 session,
@@ -151,6 +148,7 @@ impl UdRef {
                 detached: false,
                 timer_at: None,
                 told_down: false,
+                share,
             });
             st.mark_dirty(k);
             let now = cx.now();
@@ -169,17 +167,14 @@ impl UdRef {
 /// What a peer's endpoint information says of its UD session, checked.
 ///
 /// # Errors
-/// `Protocol` for another transport, a window of zero, a datagram size below what a
-/// session needs.
+/// `Protocol` for another transport or a datagram size below what a session needs. (A
+/// window of 0 is fine: the peer's budget had no room, and our session asks.)
 pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
     if info.transport != TransportKind::Ud {
         return Err(Error::Protocol(format!(
             "the peer uses transport {:?}, this context ud",
             info.transport
         )));
-    }
-    if info.credits == 0 {
-        return Err(Error::Protocol("the peer grants no receive window".into()));
     }
     let mtu = info.mtu as usize;
     if mtu < crate::wire::HEADER_LEN + 64 {

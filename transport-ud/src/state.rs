@@ -15,6 +15,7 @@ use rdmx_verbs::{
 };
 use slab::Slab;
 
+use crate::budget::{Budget, Share};
 use crate::session::{Cause, Session, SessionConfig};
 
 /// Completions polled per round.
@@ -36,8 +37,6 @@ pub(crate) struct Shared {
     pub(crate) qkey: u32,
     /// How each session behaves (its receive window is the configured credits).
     pub(crate) session: SessionConfig,
-    /// Receive buffers posted on the queue pair (their sum of windows may not exceed it).
-    pub(crate) rq_depth: u32,
     /// Send work requests at most in flight.
     pub(crate) sq_depth: u32,
     /// This transport's address (its device port), for peers.
@@ -60,6 +59,8 @@ pub(crate) struct Peer {
     pub(crate) timer_at: Option<Instant>,
     /// Whether its `Disconnected` event went out.
     pub(crate) told_down: bool,
+    /// What it holds of the receive budget.
+    pub(crate) share: Share,
 }
 
 /// Counters of the transport (beside each session's).
@@ -80,6 +81,12 @@ pub struct UdStats {
     pub datagrams_sent: u64,
     /// Datagrams received (completions).
     pub datagrams_received: u64,
+    /// Receive windows granted from the shared budget (sessions set up with one included).
+    pub grants: u64,
+    /// Windows taken back from sessions holding them, for sessions waiting for one.
+    pub recalls: u64,
+    /// Requests for credit that waited for room in the budget.
+    pub credit_waits: u64,
 }
 
 /// Everything that changes, under the worker's lock.
@@ -95,8 +102,8 @@ pub(crate) struct State {
     pub(crate) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     /// Sessions that may have a datagram to send.
     pub(crate) dirty: Vec<usize>,
-    /// Sum of the receive windows of the sessions.
-    pub(crate) windows: u64,
+    /// The receive buffers the sessions share.
+    pub(crate) budget: Budget,
     pub(crate) next_id: u64,
     pub(crate) stats: UdStats,
     pub(crate) wc: Vec<WorkCompletion>,
@@ -105,14 +112,19 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(max_datagram: usize) -> Self {
+    /// State for datagrams of up to `max_datagram` bytes and a data budget of `data`
+    /// receive buffers.
+    pub(crate) fn new(max_datagram: usize, data: u32) -> Self {
         Self {
             peers: Slab::new(),
             recv_slots: Slab::new(),
             send_slots: Slab::new(),
             timers: BinaryHeap::new(),
             dirty: Vec::new(),
-            windows: 0,
+            budget: Budget {
+                data: u64::from(data),
+                ..Budget::default()
+            },
             next_id: 1,
             stats: UdStats::default(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],

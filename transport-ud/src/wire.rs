@@ -24,7 +24,7 @@ use crate::seq::Seq;
 /// Header length.
 pub const HEADER_LEN: usize = 32;
 /// Wire version.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the message length that opens a `FIRST` segment.
 pub const MSG_LEN_PREFIX: usize = 4;
 /// Bytes of the length before each message in a `Packed` payload.

@@ -76,10 +76,9 @@ pub(super) fn run(w: &Worker) {
             // themselves: a sleeper counted just after an unlocked look used to leave the
             // queues unarmed, its own arm used up by a completion it took itself, and it
             // slept until our next timer.)
-            let idle = w
-                .now_nanos()
-                .saturating_sub(sh.last_app_poll.load(Ordering::Relaxed))
-                > APP_POLL_NS
+            let last_poll = sh.last_app_poll.load(Ordering::Relaxed);
+            let idle = last_poll == super::NEVER_POLLED
+                || w.now_nanos().saturating_sub(last_poll) > APP_POLL_NS
                 || sh.sleepers.load(Ordering::Acquire) > 0;
             if idle {
                 w.arm(&st);

@@ -61,6 +61,11 @@ pub use events::{EventQueue, MAX_EVENTS};
 pub use message::{Body, IntoBufError, Message};
 pub use wait::{Wait, wait_until};
 
+/// `Shared::last_app_poll` before any application thread polled. (Zero would be "at
+/// start": a worker started and sent to at once had its background thread sleep with the
+/// queues unarmed, taking the application for a poller, until its first tick.)
+const NEVER_POLLED: u64 = u64::MAX;
+
 /// A transport's number within its worker (the order it was added in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TransportId(usize);
@@ -419,7 +424,8 @@ struct Shared {
     /// (virtual on a simulated net).
     clock: Clock,
     start: Instant,
-    /// Nanoseconds since `start` of the last progress call by an application thread.
+    /// Nanoseconds since `start` of the last progress call by an application thread
+    /// ([`NEVER_POLLED`] before the first).
     last_app_poll: AtomicU64,
     /// Application threads (or futures) asleep waiting for progress.
     sleepers: AtomicUsize,
@@ -492,7 +498,7 @@ impl Worker {
                 bg_cond: Condvar::new(),
                 start: clock.now(),
                 clock,
-                last_app_poll: AtomicU64::new(0),
+                last_app_poll: AtomicU64::new(NEVER_POLLED),
                 sleepers: AtomicUsize::new(0),
                 spinners: AtomicUsize::new(0),
                 spin_slots: 8 * std::thread::available_parallelism().map_or(1, usize::from),

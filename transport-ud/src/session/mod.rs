@@ -92,6 +92,9 @@ pub struct Session {
     retransmit: VecDeque<Seq>,
     rto_at: Option<Instant>,
     backoff: u32,
+    /// After a retransmission timeout: what was sent before it (only the oldest packet
+    /// went again, the others go once the peer answers).
+    recover_to: Option<Seq>,
     /// When the peer last acknowledged something new (or we started waiting for it).
     progress_at: Instant,
 
@@ -126,6 +129,8 @@ pub struct Session {
     probe_due: bool,
     /// When a sender stalled on credit probes next.
     probe_at: Option<Instant>,
+    /// Stall probes since credit last grew (each waits twice as long as the one before).
+    probes: u8,
     /// When a quiet peer is probed next (keepalive).
     keepalive_at: Instant,
     dead: Option<Cause>,
@@ -165,6 +170,7 @@ impl Session {
             retransmit: VecDeque::new(),
             rto_at: None,
             backoff: 0,
+            recover_to: None,
             progress_at: now,
             rcv_next: peer_first,
             ahead: VecDeque::new(),
@@ -184,6 +190,7 @@ impl Session {
             last_rx: now,
             probe_due: false,
             probe_at: None,
+            probes: 0,
             keepalive_at: now + cfg.peer_timeout / 3,
             dead: None,
             stats: SessionStats::default(),
@@ -408,7 +415,8 @@ impl Session {
         self.want_out = stalled;
         if stalled && self.probe_at.is_none() {
             // Ask for credit at once (the peer may hold none for us), then every `rto`.
-            self.probe_at = Some(now + self.rto());
+            self.probe_at = Some(now + self.cfg.rto);
+            self.probes = 0;
             self.probe_due = true;
         }
         let ack_due = self.ack_now || self.ack_at.is_some_and(|t| t <= now);
@@ -597,6 +605,7 @@ impl Session {
         if h.credit.since(self.peer_credit) > 0 {
             self.peer_credit = h.credit;
             self.probe_at = None;
+            self.probes = 0;
         }
         let mut advanced = false;
         while let Some(s) = self.inflight.front() {
@@ -620,6 +629,16 @@ impl Session {
             if (0..32).contains(&i) && h.sack & (1 << i) != 0 {
                 s.sacked = true;
             }
+        }
+        if advanced && let Some(to) = self.recover_to.take() {
+            // The peer answers again: what it still misses of what was sent before the
+            // timeout was lost.
+            self.retransmit = self
+                .inflight
+                .iter()
+                .filter(|s| !s.sacked && s.seq.before(to))
+                .map(|s| s.seq)
+                .collect();
         }
     }
 
@@ -751,12 +770,17 @@ impl Session {
             return;
         }
         if self.rto_at.is_some_and(|t| t <= now) && !self.inflight.is_empty() {
+            // Only the oldest packet goes again: a receiver that stalled (rather than a
+            // link that lost) would otherwise get the whole window twice, and a UD receive
+            // queue has no room for copies. The rest follows once the peer answers.
             self.retransmit = self
                 .inflight
                 .iter()
-                .filter(|s| !s.sacked)
+                .find(|s| !s.sacked)
                 .map(|s| s.seq)
+                .into_iter()
                 .collect();
+            self.recover_to = Some(self.next_seq);
             if self.retransmit.is_empty() {
                 // Everything left was selected: the cumulative acknowledgement was lost.
                 self.probe_due = true;
@@ -768,8 +792,13 @@ impl Session {
             self.ack_now = true;
         }
         if self.probe_at.is_some_and(|t| t <= now) {
+            // Every probe is answered, and a peer short of budget keeps us in line: ask
+            // again less and less often (up to the keepalive's third of the peer timeout),
+            // at a cost of that long when the datagram granting credit is lost.
             self.probe_due = true;
-            self.probe_at = Some(now + self.rto());
+            self.probes = self.probes.saturating_add(1);
+            let wait = (self.cfg.rto * (1u32 << self.probes.min(16))).min(self.probe_after());
+            self.probe_at = Some(now + wait.max(self.cfg.rto));
         }
         if self.recall_at.is_some_and(|t| t <= now) {
             // The recall or its answer was lost, or the peer was busy: ask again.
