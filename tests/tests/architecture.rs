@@ -132,31 +132,19 @@ fn strip_tests(s: &str) -> (String, Vec<String>) {
     (out, test_mods)
 }
 
-/// The source files of top-level module `name` of the crate at `src` (its file, or its
-/// directory), with test-only files left out.
-fn module_files(src: &Path, name: &str) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let file = src.join(format!("{name}.rs"));
-    if file.is_file() {
-        files.push(file.clone());
-    }
-    let dir = src.join(name);
-    if dir.is_dir() {
-        collect_rs(&dir, &mut files);
-    }
-    // Leave out files declared under `#[cfg(test)]` by their parent.
+/// The files among `files` that their parents declare under `#[cfg(test)]` as `mod x;`
+/// (`x.rs` or `x/` beside a `mod.rs` or `lib.rs`, else in the directory named after the
+/// parent).
+fn test_only_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
     let mut test_files = BTreeSet::new();
-    for f in &files {
+    for f in files {
         let text = strip_comments(&std::fs::read_to_string(f).expect("read a source file"));
         let (_, test_mods) = strip_tests(&text);
-        let base = if f.file_name().is_some_and(|n| n == "mod.rs") || f == &file {
-            f.parent().map(|p| {
-                if f == &file {
-                    p.join(name)
-                } else {
-                    p.to_path_buf()
-                }
-            })
+        let owns_dir = f
+            .file_name()
+            .is_some_and(|n| n == "mod.rs" || n == "lib.rs" || n == "main.rs");
+        let base = if owns_dir {
+            f.parent().map(Path::to_path_buf)
         } else {
             f.file_stem().and_then(|s| f.parent().map(|p| p.join(s)))
         };
@@ -172,6 +160,23 @@ fn module_files(src: &Path, name: &str) -> Vec<PathBuf> {
             }
         }
     }
+    test_files
+}
+
+/// The source files of top-level module `name` of the crate at `src` (its file, or its
+/// directory), with test-only files left out.
+fn module_files(src: &Path, name: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let file = src.join(format!("{name}.rs"));
+    if file.is_file() {
+        files.push(file);
+    }
+    let dir = src.join(name);
+    if dir.is_dir() {
+        collect_rs(&dir, &mut files);
+    }
+    // Leave out files declared under `#[cfg(test)]` by their parent.
+    let test_files = test_only_files(&files);
     files.retain(|f| !test_files.contains(f));
     files
 }
@@ -561,6 +566,8 @@ fn the_protocol_reads_no_clock_but_the_workers() {
     collect_rs(&root.join("transport-rc/src"), &mut files);
     collect_rs(&root.join("transport-ud/src"), &mut files);
     collect_rs(&root.join("core/src/worker"), &mut files);
+    let test_files = test_only_files(&files);
+    files.retain(|f| !test_files.contains(f));
     let mut found = Vec::new();
     for f in &files {
         let rel = f

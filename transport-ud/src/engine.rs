@@ -3,6 +3,7 @@
 //! messages to the application, and removing finished sessions.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rdmx_core::worker::{Body, Cx, Message};
@@ -34,6 +35,11 @@ impl Shared {
             if c.wr_id & SEND_TAG != 0 {
                 let slot = (c.wr_id & !SEND_TAG) as usize;
                 st.send_slots.try_remove(slot);
+                if !st.blocked.is_empty() {
+                    for k in st.blocked.take() {
+                        st.mark_dirty(k);
+                    }
+                }
                 if c.status != WcStatus::Success {
                     st.stats.send_errors += 1;
                 }
@@ -74,12 +80,12 @@ impl Shared {
 
     /// What follows any change: the budget's books, datagrams out, waiters told, timers
     /// queued, finished sessions removed; then windows granted or recalled, and the
-    /// sessions they change sent to (a second round, and in a rare case a third).
+    /// sessions they change sent to at once (nothing else may happen for a while to send
+    /// them: every sender in line may be waiting out its probe's back-off). Each round
+    /// after the first only has sessions the budget changed, each grant or recall taking
+    /// one out of its line, so the rounds end.
     pub(crate) fn after(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
-        for _ in 0..3 {
-            if st.dirty.is_empty() {
-                break;
-            }
+        while !st.dirty.is_empty() {
             self.after_round(st, cx, now);
             if !st.budget.waiting.is_empty() {
                 self.serve(st, now);
@@ -88,7 +94,7 @@ impl Shared {
     }
 
     fn after_round(&self, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
-        let dirty = std::mem::take(&mut st.dirty);
+        let dirty = st.dirty.take();
         for &k in &dirty {
             self.settle(st, k);
             self.transmit(st, k, now);
@@ -153,12 +159,19 @@ impl Shared {
             send_slots,
             scratch,
             stats,
+            blocked,
             ..
         } = st;
         let Some(Some(p)) = peers.get_mut(k) else {
             return;
         };
-        while send_slots.len() < self.sq_depth as usize {
+        loop {
+            if send_slots.len() >= self.sq_depth as usize {
+                // Its turn comes with the next send completion (its timers may not be set
+                // yet: they are when it transmits).
+                blocked.insert(k);
+                return;
+            }
             let Some(n) = p.session.poll_transmit(now, scratch) else {
                 return;
             };
@@ -243,6 +256,11 @@ impl Shared {
     pub(crate) fn remove(&self, st: &mut State, k: usize) {
         if let Some(Some(mut p)) = st.peers.try_remove(k) {
             st.budget.close(&mut p.share);
+            let to = (p.ah.attr().dgid, p.ah.attr().udp_port);
+            // (The cache's and this session's: the last session to that remote goes.)
+            if Arc::strong_count(&p.ah) <= 2 {
+                st.ahs.remove(&to);
+            }
             tracing::debug!(endpoint = p.id, "UD session removed");
         }
     }

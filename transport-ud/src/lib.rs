@@ -25,6 +25,7 @@ mod budget;
 mod endpoint;
 mod engine;
 mod exchange;
+mod grants;
 pub mod seq;
 pub mod session;
 mod setup;

@@ -2,6 +2,7 @@
 //! describing our side, checking and opening the session towards what the peer described.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rdmx_core::bootstrap::{EndpointInfo, PathInfo, TransportKind};
 use rdmx_core::worker::WaitSlot;
@@ -114,11 +115,18 @@ impl UdRef {
     /// `Verbs` when the address handle cannot be made (the reservation stays: undo it);
     /// `Protocol` when the reservation is gone.
     pub(crate) fn open(&self, h: Half, peer: &PeerHalf) -> Result<Endpoint> {
-        let ah = self
-            .sh
-            .pd
-            .create_ah(&AhAttr::new(peer.gid).with_udp_port(peer.addr.port()))?;
+        let to = (peer.gid, peer.addr.port());
+        let ah = match self.with(|_, st, _| st.ahs.get(&to).cloned()) {
+            Some(ah) => ah,
+            None => Arc::new(
+                self.sh
+                    .pd
+                    .create_ah(&AhAttr::new(peer.gid).with_udp_port(peer.addr.port()))?,
+            ),
+        };
         let id = self.with(|sh, st, cx| {
+            // (Another session to the same remote may have cached one meanwhile.)
+            let ah = st.ahs.entry(to).or_insert(ah).clone();
             if !st.peers.get(h.key).is_some_and(Option::is_none) {
                 return Err(Error::Protocol(
                     "the UD session's reservation is gone".into(),

@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +12,7 @@ use rdmx_core::pool::{BufferPool, PostKey};
 use rdmx_core::worker::{Cx, TransportId, Wait, WaitSlot, Worker, WorkerState};
 use rdmx_core::{Buf, Config, DisconnectCause};
 use rdmx_verbs::{
-    AddressHandle, CompletionQueue, ProtectionDomain, Qpn, QueuePair, WorkCompletion,
+    AddressHandle, CompletionQueue, Gid, ProtectionDomain, Qpn, QueuePair, WorkCompletion,
 };
 use slab::Slab;
 
@@ -50,7 +51,9 @@ pub(crate) struct Peer {
     /// The endpoint's public id.
     pub(crate) id: u64,
     pub(crate) session: Session,
-    pub(crate) ah: AddressHandle,
+    /// Where its datagrams go (shared by the sessions to one remote transport: see
+    /// `State::ahs`).
+    pub(crate) ah: Arc<AddressHandle>,
     pub(crate) remote_qpn: Qpn,
     pub(crate) wait: WaitSlot,
     /// The application dropped its handle.
@@ -101,9 +104,15 @@ pub(crate) struct State {
     /// Session timers: (when, peer key, peer id); stale entries are skipped.
     pub(crate) timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     /// Sessions that may have a datagram to send.
-    pub(crate) dirty: Vec<usize>,
+    pub(crate) dirty: KeySet,
+    /// Sessions that found the send queue full: dirty again once a send completes.
+    pub(crate) blocked: KeySet,
     /// The receive buffers the sessions share.
     pub(crate) budget: Budget,
+    /// Address handles by remote (GID, UDP port), one for every session to it; an entry
+    /// leaves with the last session that uses it, so the cache holds one handle per remote
+    /// transport with live sessions.
+    pub(crate) ahs: HashMap<(Gid, u16), Arc<AddressHandle>>,
     pub(crate) next_id: u64,
     pub(crate) stats: UdStats,
     pub(crate) wc: Vec<WorkCompletion>,
@@ -120,11 +129,13 @@ impl State {
             recv_slots: Slab::new(),
             send_slots: Slab::new(),
             timers: BinaryHeap::new(),
-            dirty: Vec::new(),
+            dirty: KeySet::default(),
+            blocked: KeySet::default(),
             budget: Budget {
                 data: u64::from(data),
                 ..Budget::default()
             },
+            ahs: HashMap::new(),
             next_id: 1,
             stats: UdStats::default(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
@@ -144,9 +155,41 @@ impl State {
 
     /// Marks peer `k` as possibly having something to send.
     pub(crate) fn mark_dirty(&mut self, k: usize) {
-        if !self.dirty.contains(&k) {
-            self.dirty.push(k);
+        self.dirty.insert(k);
+    }
+}
+
+/// Session keys, each at most once, in the order they came (what changed since a round,
+/// with ten thousand sessions: a list with a membership flag by key, not a search).
+#[derive(Debug, Default)]
+pub(crate) struct KeySet {
+    list: Vec<usize>,
+    member: Vec<bool>,
+}
+
+impl KeySet {
+    /// Adds `k` unless it is in.
+    pub(crate) fn insert(&mut self, k: usize) {
+        if self.member.len() <= k {
+            self.member.resize(k + 1, false);
         }
+        if !self.member[k] {
+            self.member[k] = true;
+            self.list.push(k);
+        }
+    }
+
+    /// Whether the set is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Takes every key out, in order.
+    pub(crate) fn take(&mut self) -> Vec<usize> {
+        for &k in &self.list {
+            self.member[k] = false;
+        }
+        std::mem::take(&mut self.list)
     }
 }
 

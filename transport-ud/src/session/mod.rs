@@ -191,7 +191,11 @@ impl Session {
             probe_due: false,
             probe_at: None,
             probes: 0,
-            keepalive_at: now + cfg.peer_timeout / 3,
+            // Sessions set up together would probe together for ever: the first probe
+            // comes between half and all of the usual quiet time, by the token.
+            keepalive_at: now
+                + cfg.peer_timeout / 6
+                + (cfg.peer_timeout / 6) * (token % 1024) / 1024,
             dead: None,
             stats: SessionStats::default(),
             cfg,
@@ -732,6 +736,21 @@ impl Session {
         self.rto_at = None;
     }
 
+    /// Gives back the memory of queues a busy spell grew and that are empty now (a quiet
+    /// session then costs its own size, whatever it did before).
+    fn trim(&mut self) {
+        fn shrink<T>(q: &mut VecDeque<T>) {
+            if q.is_empty() && q.capacity() > 0 {
+                *q = VecDeque::new();
+            }
+        }
+        shrink(&mut self.queue);
+        shrink(&mut self.inflight);
+        shrink(&mut self.retransmit);
+        shrink(&mut self.ahead);
+        shrink(&mut self.inbox);
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) next has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.dead.is_some() || self.is_finished() {
@@ -806,6 +825,7 @@ impl Session {
             self.ack_now |= self.recall_at.is_some();
         }
         if self.keepalive_at <= now {
+            self.trim();
             // Quiet for a while: make sure the peer is there (again a third of the peer
             // timeout later if it stays quiet, so that two probes fit before the verdict).
             if self.inflight.is_empty() {
