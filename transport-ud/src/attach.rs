@@ -54,19 +54,26 @@ impl UdTransport {
             let port = vctx.query_port(1)?;
             let max_datagram = port.active_mtu.bytes().min(Self::RECV_BUF_SIZE - GRH_LEN);
             let rq_depth = cfg.srq_depth;
+            let ctrl_depth = ctrl_depth(cfg.srq_depth).min(dev.max_qp_wr.max(1));
             let sq_depth = (cfg.credits.saturating_mul(4)).clamp(64, 4096);
-            let cqe = ((rq_depth + sq_depth) as usize * 2).min(dev.max_cqe.max(1) as usize);
+            let cqe = ((rq_depth + ctrl_depth + 2 * sq_depth) as usize * 2)
+                .min(dev.max_cqe.max(1) as usize);
             let cq = vctx.create_cq(cqe, Some(w.channel()))?;
-            let mut attr = QpInitAttr::ud(&cq, &cq);
-            attr.cap = QpCap {
-                max_send_wr: sq_depth,
-                max_recv_wr: rq_depth,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
+            let make = |depth: u32| -> Result<rdmx_verbs::QueuePair> {
+                let mut attr = QpInitAttr::ud(&cq, &cq);
+                attr.cap = QpCap {
+                    max_send_wr: sq_depth,
+                    max_recv_wr: depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                };
+                let qp = pd.create_qp(&attr)?;
+                bring_up(&qp)?;
+                Ok(qp)
             };
-            let qp = pd.create_qp(&attr)?;
-            bring_up(&qp)?;
+            let qp = make(rq_depth)?;
+            let ctrl_qp = make(ctrl_depth)?;
             let addr = vctx.port_addr(1)?;
             let session = SessionConfig {
                 max_datagram,
@@ -78,6 +85,7 @@ impl UdTransport {
             };
             let recv_len = GRH_LEN + max_datagram;
             pool.reserve(pool.footprint_of(rq_depth as usize, recv_len));
+            pool.reserve(pool.footprint_of(ctrl_depth as usize, CTRL_BUF_SIZE));
             let sh = Arc::new(Shared {
                 tid,
                 post_key,
@@ -85,6 +93,7 @@ impl UdTransport {
                 pd,
                 cq,
                 qp,
+                ctrl_qp,
                 pool,
                 qkey: QKEY,
                 session,
@@ -95,7 +104,11 @@ impl UdTransport {
             let mut st = State::new(max_datagram, data);
             for _ in 0..rq_depth {
                 let buf = sh.pool.try_alloc(recv_len)?;
-                sh.post_recv(&mut st, buf)?;
+                sh.post_recv(&mut st, buf, false)?;
+            }
+            for _ in 0..ctrl_depth {
+                let buf = sh.pool.try_alloc(CTRL_BUF_SIZE)?;
+                sh.post_recv(&mut st, buf, true)?;
             }
             made = Some(sh.clone());
             Ok(Ud { sh, st })
@@ -247,6 +260,18 @@ fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
         .map_err(|e| Error::InvalidArgument(format!("bad address: {e}")))?
         .next()
         .ok_or_else(|| Error::InvalidArgument("the address resolved to nothing".into()))
+}
+
+/// The receive buffers of the control queue pair: a GRH and a header.
+const CTRL_BUF_SIZE: usize = GRH_LEN + crate::wire::HEADER_LEN;
+
+/// How many control datagrams the control queue pair can hold: eight for every data
+/// buffer, at least 1,024 and at most 32,768 (each takes a 128-byte pool slot: 4 MiB at
+/// most). Acknowledgements, credit requests, recalls and keepalives go there, so that a
+/// burst of them from thousands of peers takes none of the buffers the data budget promised
+/// (see `budget`).
+fn ctrl_depth(srq_depth: u32) -> u32 {
+    srq_depth.saturating_mul(8).clamp(1024, 32 * 1024)
 }
 
 /// RESET -> INIT -> RTR -> RTS for a UD queue pair with the rdmx Q_Key.

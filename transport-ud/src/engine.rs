@@ -10,17 +10,23 @@ use rdmx_core::worker::{Body, Cx, Message};
 use rdmx_core::{Buf, Error, Event, Result};
 use rdmx_verbs::{RecvWr, SendWr, WcStatus};
 
-use crate::state::{SEND_TAG, Shared, State, disconnect_cause};
+use crate::state::{CTRL_TAG, SEND_TAG, Shared, State, disconnect_cause};
 use crate::wire::Header;
 
 impl Shared {
-    /// Posts receive buffer `buf` on the queue pair (whole capacity).
-    pub(crate) fn post_recv(&self, st: &mut State, mut buf: Buf) -> Result<()> {
+    /// Posts receive buffer `buf` (whole capacity) on the data queue pair, or on the
+    /// control one.
+    pub(crate) fn post_recv(&self, st: &mut State, mut buf: Buf, ctrl: bool) -> Result<()> {
         let cap = buf.capacity();
         buf.set_len(cap)?;
         let slot = st.recv_slots.vacant_key();
         let sge = [buf.sge(self.post_key)];
-        self.qp.post_recv(&RecvWr::new(slot as u64, &sge))?;
+        let (qp, tag) = if ctrl {
+            (&self.ctrl_qp, CTRL_TAG)
+        } else {
+            (&self.qp, 0)
+        };
+        qp.post_recv(&RecvWr::new(slot as u64 | tag, &sge))?;
         st.recv_slots.insert(buf);
         Ok(())
     }
@@ -45,12 +51,20 @@ impl Shared {
                 }
                 continue;
             }
-            let Some(buf) = st.recv_slots.try_remove(c.wr_id as usize) else {
+            let ctrl = c.wr_id & CTRL_TAG != 0;
+            let Some(buf) = st.recv_slots.try_remove((c.wr_id & !CTRL_TAG) as usize) else {
                 continue;
             };
             if c.status != WcStatus::Success {
-                // (Flushed at teardown: the buffer goes back to the pool.)
                 st.stats.recv_errors += 1;
+                // Flushed at teardown: the buffer goes back to the pool. Anything else (a
+                // datagram too long for a control buffer) costs the datagram, not the
+                // buffer.
+                if c.status != WcStatus::WrFlushErr
+                    && let Err(e) = self.post_recv(st, buf, ctrl)
+                {
+                    tracing::warn!("reposting a UD receive buffer failed: {e}");
+                }
                 continue;
             }
             st.stats.datagrams_received += 1;
@@ -69,7 +83,7 @@ impl Shared {
                     }
                 }
             }
-            if let Err(e) = self.post_recv(st, buf) {
+            if let Err(e) = self.post_recv(st, buf, ctrl) {
                 tracing::warn!("reposting a UD receive buffer failed: {e}");
             }
         }
@@ -183,11 +197,16 @@ impl Shared {
             buf.copy_from_slice(&scratch[..n]);
             let slot = send_slots.vacant_key();
             let sge = [buf.sge(self.post_key)];
-            let wr = SendWr::send(slot as u64 | SEND_TAG, &sge).signaled().to(
-                &p.ah,
-                p.remote_qpn,
-                self.qkey,
-            );
+            // Acknowledgements (a header and nothing else) go to the peer's control queue
+            // pair, everything else to its data one.
+            let to = if crate::wire::is_ack(scratch.get(..n).unwrap_or_default()) {
+                p.remote_ctrl_qpn
+            } else {
+                p.remote_qpn
+            };
+            let wr = SendWr::send(slot as u64 | SEND_TAG, &sge)
+                .signaled()
+                .to(&p.ah, to, self.qkey);
             match self.qp.post_send(&wr) {
                 Ok(()) => {
                     send_slots.insert(buf);

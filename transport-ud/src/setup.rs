@@ -34,6 +34,8 @@ pub(crate) struct PeerHalf {
     pub(crate) addr: SocketAddr,
     pub(crate) gid: Gid,
     pub(crate) qpn: Qpn,
+    /// Where our acknowledgements go (its control queue pair; `qpn` if it has none).
+    pub(crate) ctrl_qpn: Qpn,
     pub(crate) session: u32,
     pub(crate) token: u32,
     pub(crate) first: Seq,
@@ -92,7 +94,7 @@ impl UdRef {
                 port_num: 1,
             },
             alternate: None,
-            srq_nums: Vec::new(),
+            srq_nums: vec![sh.ctrl_qp.qp_num().0],
             credits: h.window,
             mailbox_addr: 0,
             mailbox_rkey: 0,
@@ -152,6 +154,7 @@ impl UdRef {
                 session,
                 ah,
                 remote_qpn: peer.qpn,
+                remote_ctrl_qpn: peer.ctrl_qpn,
                 wait: WaitSlot::new(h.key),
                 detached: false,
                 timer_at: None,
@@ -184,6 +187,16 @@ pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
             info.transport
         )));
     }
+    let ctrl_qpn = match info.srq_nums[..] {
+        [] => info.qpn,
+        [q] => q,
+        _ => {
+            return Err(Error::Protocol(format!(
+                "a UD peer names {} control queue pairs (at most 1)",
+                info.srq_nums.len()
+            )));
+        }
+    };
     let mtu = info.mtu as usize;
     if mtu < crate::wire::HEADER_LEN + 64 {
         return Err(Error::Protocol(format!(
@@ -195,6 +208,7 @@ pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
         addr: SocketAddr::new(gid.to_ip(), info.primary.udp_port),
         gid,
         qpn: Qpn(info.qpn),
+        ctrl_qpn: Qpn(ctrl_qpn),
         session: info.tag,
         token: info.token,
         first: Seq(info.psn),

@@ -23,6 +23,8 @@ use crate::session::{Cause, Session, SessionConfig};
 pub(crate) const POLL_BATCH: usize = 64;
 /// Work-request ids: the top bit says a send (else a receive), the rest is the slot.
 pub(crate) const SEND_TAG: u64 = 1 << 63;
+/// Work-request ids of receives on the control queue pair carry this bit too.
+pub(crate) const CTRL_TAG: u64 = 1 << 62;
 
 /// What the transport owns and never changes.
 #[derive(Debug)]
@@ -33,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) qp: QueuePair,
+    /// The queue pair peers send their acknowledgements to (small buffers, many of them).
+    pub(crate) ctrl_qp: QueuePair,
     pub(crate) pool: BufferPool,
     /// The Q_Key of every datagram of rdmx UD endpoints.
     pub(crate) qkey: u32,
@@ -55,6 +59,8 @@ pub(crate) struct Peer {
     /// `State::ahs`).
     pub(crate) ah: Arc<AddressHandle>,
     pub(crate) remote_qpn: Qpn,
+    /// Where its acknowledgements go: the peer's control queue pair (or `remote_qpn`).
+    pub(crate) remote_ctrl_qpn: Qpn,
     pub(crate) wait: WaitSlot,
     /// The application dropped its handle.
     pub(crate) detached: bool,

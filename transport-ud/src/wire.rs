@@ -69,6 +69,12 @@ impl Kind {
     }
 }
 
+/// Whether `datagram` (as written by a session) is an acknowledgement alone: a header of
+/// kind `Ack` and no payload (what goes to a peer's control queue pair).
+pub fn is_ack(datagram: &[u8]) -> bool {
+    datagram.len() == HEADER_LEN && datagram.get(1) == Some(&Kind::Ack.to_u8())
+}
+
 /// Header flags.
 pub mod flags {
     /// The segment opens a message (its payload starts with the message length).

@@ -46,6 +46,10 @@ pub struct NicCounters {
     pub rx_no_recv: u64,
     /// Multicast datagrams for a group no QP joined.
     pub rx_no_group: u64,
+    /// Queue pairs created (those alive now: this less `qps_destroyed`).
+    pub qps_created: u64,
+    /// Queue pairs destroyed.
+    pub qps_destroyed: u64,
 }
 
 /// An asynchronous event (`ibv_async_event`).

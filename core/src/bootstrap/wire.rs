@@ -31,7 +31,8 @@ pub enum TransportKind {
     /// UD: datagrams over a few queue pairs per context for any number of peers, made
     /// reliable by per-peer sessions (`rdmx-ud`). In its endpoint information `qpn` is the
     /// context's UD queue pair, `psn` the session's first sequence number, `tag` its session
-    /// id, `credits` its receive window in datagrams, and `token` what its datagrams carry.
+    /// id, `credits` its receive window in datagrams, `token` what its datagrams carry, and
+    /// `srq_nums` the context's control queue pair (where acknowledgements go; none: `qpn`).
     Ud,
 }
 

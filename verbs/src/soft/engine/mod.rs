@@ -514,6 +514,7 @@ impl Nic {
         qp.srq = srq;
         qp.xrcd = xrcd;
         self.qps.insert(qpn, qp);
+        self.res.counters.qps_created += 1;
         Ok(Qpn(qpn))
     }
 
@@ -524,6 +525,7 @@ impl Nic {
         let Some(mut qp) = self.qps.remove(&qpn.0) else {
             return false;
         };
+        self.res.counters.qps_destroyed += 1;
         if qp.resp.has_held_ack() {
             qp.resp.release_ack();
             let mut buf = vec![0u8; 512];
