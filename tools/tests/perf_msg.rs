@@ -258,6 +258,10 @@ fn ud_lat_bw_and_rate() {
     let lines = perf_json(&["--test", "rate", "--iters", "2000", "--transport", "ud"]);
     assert_eq!(lines.len(), 1, "{lines:?}");
     check_transport(&lines[0], "ud", "rate", 8, 2000);
+    // The UD sessions' counters come with the result (on loopback, usually all 0).
+    for key in ["ud_retransmits", "ud_duplicates", "ud_refused"] {
+        assert!(lines[0][key].is_u64(), "{key} missing: {}", lines[0]);
+    }
 }
 
 #[test]

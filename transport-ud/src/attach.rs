@@ -134,13 +134,27 @@ impl UdTransport {
         self.u.sh.qp.qp_num()
     }
 
-    /// Counters.
+    /// Counters: the transport's, and the sum of its sessions' (open and ended).
     pub fn stats(&self) -> UdStats {
-        self.u.with(|_, st, _| UdStats {
-            grants: st.budget.grants,
-            recalls: st.budget.recalls,
-            credit_waits: st.budget.waits,
-            ..st.stats
+        self.u.with(|_, st, _| {
+            let mut s = UdStats {
+                grants: st.budget.grants,
+                recalls: st.budget.recalls,
+                credit_waits: st.budget.waits,
+                retransmits: st.ended.retransmits,
+                duplicates: st.ended.duplicates,
+                out_of_order: st.ended.out_of_order,
+                refused: st.ended.refused,
+                ..st.stats
+            };
+            for p in st.peers.iter().filter_map(|(_, p)| p.as_ref()) {
+                let x = p.session.stats();
+                s.retransmits += x.retransmits;
+                s.duplicates += x.duplicates;
+                s.out_of_order += x.out_of_order;
+                s.refused += x.refused;
+            }
+            s
         })
     }
 

@@ -275,6 +275,12 @@ impl Shared {
     pub(crate) fn remove(&self, st: &mut State, k: usize) {
         if let Some(Some(mut p)) = st.peers.try_remove(k) {
             st.budget.close(&mut p.share);
+            let s = p.session.stats();
+            let e = &mut st.ended;
+            e.retransmits += s.retransmits;
+            e.duplicates += s.duplicates;
+            e.out_of_order += s.out_of_order;
+            e.refused += s.refused;
             let to = (p.ah.attr().dgid, p.ah.attr().udp_port);
             // (The cache's and this session's: the last session to that remote goes.)
             if Arc::strong_count(&p.ah) <= 2 {

@@ -17,7 +17,7 @@ use rdmx_verbs::{
 use slab::Slab;
 
 use crate::budget::{Budget, Share};
-use crate::session::{Cause, Session, SessionConfig};
+use crate::session::{Cause, Session, SessionConfig, SessionStats};
 
 /// Completions polled per round.
 pub(crate) const POLL_BATCH: usize = 64;
@@ -96,6 +96,15 @@ pub struct UdStats {
     pub recalls: u64,
     /// Requests for credit that waited for room in the budget.
     pub credit_waits: u64,
+    /// Of the sessions (open or ended): datagrams sent again.
+    pub retransmits: u64,
+    /// Of the sessions: duplicate datagrams dropped.
+    pub duplicates: u64,
+    /// Of the sessions: datagrams that arrived ahead of a missing one (held until it came).
+    pub out_of_order: u64,
+    /// Of the sessions: datagrams dropped beyond the credit granted (nothing to reassemble
+    /// them into), with a stale or forged token, or acknowledging what was never sent.
+    pub refused: u64,
 }
 
 /// Everything that changes, under the worker's lock.
@@ -115,6 +124,8 @@ pub(crate) struct State {
     pub(crate) blocked: KeySet,
     /// The receive buffers the sessions share.
     pub(crate) budget: Budget,
+    /// The counters of the sessions removed.
+    pub(crate) ended: SessionStats,
     /// Address handles by remote (GID, UDP port), one for every session to it; an entry
     /// leaves with the last session that uses it, so the cache holds one handle per remote
     /// transport with live sessions.
@@ -142,6 +153,7 @@ impl State {
                 ..Budget::default()
             },
             ahs: HashMap::new(),
+            ended: SessionStats::default(),
             next_id: 1,
             stats: UdStats::default(),
             wc: vec![WorkCompletion::EMPTY; POLL_BATCH],

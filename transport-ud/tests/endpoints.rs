@@ -121,6 +121,10 @@ fn exactly_once_over_a_lossy_reordering_simulated_net() {
     }
     let st = net.stats();
     assert!(st.lost > 0 && st.duplicated > 0, "{st:?}");
+    // The transports count what the net did to their sessions.
+    let (sa, sb) = (a.stats(), b.stats());
+    assert!(sa.retransmits > 0, "{sa:?}");
+    assert!(sb.duplicates > 0 && sb.out_of_order > 0, "{sb:?}");
     eprintln!(
         "{total} messages, {steps} steps, virtual {:?}, {st:?}",
         net.elapsed()

@@ -122,6 +122,17 @@ pub(crate) struct PerfResult {
     /// Message layer: messages sent per send batch (absent: no batches).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) batch: Option<u32>,
+    /// Message layer over UD: what the client's sessions counted over the round (warm-up
+    /// included): datagrams sent again, duplicates dropped, datagrams refused (beyond the
+    /// credit granted, or forged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ud_retransmits: Option<u64>,
+    /// See `ud_retransmits`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ud_duplicates: Option<u64>,
+    /// See `ud_retransmits`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ud_refused: Option<u64>,
 }
 
 impl PerfResult {
@@ -167,6 +178,9 @@ impl PerfResult {
             credit_waits: None,
             busy_poll_us: None,
             batch: None,
+            ud_retransmits: None,
+            ud_duplicates: None,
+            ud_refused: None,
         }
     }
 

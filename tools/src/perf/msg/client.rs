@@ -198,6 +198,7 @@ fn run_round(
         c => return Err(control::unexpected(&c, "Ready")),
     }
     let before = ctx.stats();
+    let ud_before = ctx.ud().map(|u| u.stats());
     let steps = if p.test == MsgTest::Lat {
         p.total()
     } else {
@@ -212,6 +213,7 @@ fn run_round(
     };
     progress.finish();
     let after = ctx.stats();
+    let ud = ud_before.zip(ctx.ud().map(|u| u.stats()));
     let (received, check_error) = match control::recv(ep, "Report", IO_TIMEOUT)? {
         Ctl::Report {
             received,
@@ -230,7 +232,12 @@ fn run_round(
     }
     tracing::debug!(stats = ?after, pool = ?ctx.pool_stats(),
         counters = ?ctx.device_counters(), "client after the round");
-    let r = result(ctx, cfg, p, &m, &before, &after)?;
+    let mut r = result(ctx, cfg, p, &m, &before, &after)?;
+    if let Some((b, a)) = ud {
+        r.ud_retransmits = Some(a.retransmits.saturating_sub(b.retransmits));
+        r.ud_duplicates = Some(a.duplicates.saturating_sub(b.duplicates));
+        r.ud_refused = Some(a.refused.saturating_sub(b.refused));
+    }
     Ok((r, m))
 }
 
@@ -303,6 +310,9 @@ fn result(
         credit_waits: Some(after.credit_waits.saturating_sub(before.credit_waits)),
         busy_poll_us: Some(u64::try_from(config.busy_poll.as_micros()).unwrap_or(u64::MAX)),
         batch: (cfg.batch > 1 && p.test != MsgTest::Lat).then_some(cfg.batch),
+        ud_retransmits: None,
+        ud_duplicates: None,
+        ud_refused: None,
     })
 }
 
