@@ -15,11 +15,22 @@ impl Shared {
             return;
         };
         let s = &mut p.session;
+        // A peer that sent its Fin (or a dead session) will use no credit: its share goes
+        // back at once, not when its endpoint is dropped (a closed endpoint the application
+        // keeps would hold it for ever, and recalling it is no use: it sends nothing).
+        let done = s.peer_done();
+        if done && s.window() > 0 {
+            s.set_window(0);
+        }
         // Only a session with no window waits in line. (A sender stalls with a window when
         // our application does not read, and more window would only hold more; and a
         // request may arrive late, after a grant.)
-        let wants = s.take_want() && s.window() == 0;
-        let reserved = s.promised().max(s.window());
+        let wants = s.take_want() && s.window() == 0 && !done;
+        let reserved = if done {
+            0
+        } else {
+            s.promised().max(s.window())
+        };
         let window = s.window();
         budget.account(&mut p.share, reserved, window);
         if wants && !p.share.waiting {

@@ -289,6 +289,12 @@ impl Session {
         None
     }
 
+    /// Whether the peer will send no more data: its `Fin` came (in order, after everything
+    /// it sent), or the session is dead. Credit told to it is void then.
+    pub fn peer_done(&self) -> bool {
+        self.peer_fin || self.dead.is_some()
+    }
+
     /// Whether the session has nothing left to do: dead, or both sides closed and
     /// confirmed, and every message taken.
     pub fn is_finished(&self) -> bool {
