@@ -147,10 +147,12 @@ fn run(transport: &str, peers: usize) -> Result<Report, Box<dyn StdError>> {
         });
     }
     let setup = t0.elapsed();
-    eprintln!("{transport}: {peers} endpoint pairs set up in {setup:?}");
     let ours = (pairs.capacity() * size_of::<(Endpoint, Endpoint)>()) as isize;
     let per = |live: isize| (live - before - ours) as f64 / (2 * peers) as f64;
     let fresh = per(LIVE.load(Ordering::Relaxed) - pools());
+    eprintln!(
+        "{transport}: {peers} endpoint pairs set up in {setup:?}, {fresh:.0} bytes per endpoint"
+    );
     let qps_per_context = qps(&wa) - qps0;
 
     // A round trip on every endpoint, all under way at once: one thread sends every

@@ -153,6 +153,7 @@ impl UdTransport {
                 s.duplicates += x.duplicates;
                 s.out_of_order += x.out_of_order;
                 s.refused += x.refused;
+                s.held_datagrams += u64::from(p.session.held_packets());
             }
             s
         })

@@ -105,6 +105,10 @@ pub struct UdStats {
     /// Of the sessions: datagrams dropped beyond the credit granted (nothing to reassemble
     /// them into), with a stale or forged token, or acknowledging what was never sent.
     pub refused: u64,
+    /// Now (not a counter): the datagrams' worth of whole messages the sessions hold for
+    /// applications that have not taken them (each session holds at most its window, and
+    /// one message that completed beyond it).
+    pub held_datagrams: u64,
 }
 
 /// Everything that changes, under the worker's lock.

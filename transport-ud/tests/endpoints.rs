@@ -464,3 +464,51 @@ fn a_worker_started_and_sent_to_at_once_takes_the_first_datagram_promptly() {
         }
     }
 }
+
+#[test]
+fn a_slow_receiver_bounds_what_it_holds_and_nothing_is_dropped() {
+    // 16 credits: the receiver holds at most 16 datagrams' worth of unread messages (and one
+    // message that completed beyond them); the sender's blocking sends wait meanwhile.
+    let cfg = cfg();
+    let (wa, a) = node(&cfg, None);
+    let (wb, b) = node(&cfg, None);
+    let _ha = wa.start().unwrap();
+    let _hb = wb.start().unwrap();
+    let (ea, eb) = a.connect_local(&b).unwrap();
+    let sizes = [8usize, 1000, 5000, 9000];
+    let n = 3000u32;
+    let sender = std::thread::spawn(move || {
+        for i in 0..n {
+            ea.send(&msg(i, sizes[i as usize % sizes.len()])).unwrap();
+        }
+        ea
+    });
+    // Slow: one message every half millisecond for a while, looking at what b holds.
+    let biggest = 9000usize.div_ceil(4096 - 40 - 32 - 4) as u64 + 1;
+    let mut worst = 0;
+    for i in 0..300u32 {
+        std::thread::sleep(Duration::from_micros(500));
+        let held = b.stats().held_datagrams;
+        worst = worst.max(held);
+        assert!(
+            held <= 16 + biggest,
+            "b holds {held} datagrams of unread messages"
+        );
+        let m = eb.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(&m[..], &msg(i, sizes[i as usize % sizes.len()])[..]);
+    }
+    assert!(worst >= 8, "the receiver never filled its window ({worst})");
+    for i in 300..n {
+        let m = eb.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            &m[..],
+            &msg(i, sizes[i as usize % sizes.len()])[..],
+            "message {i}"
+        );
+    }
+    let _ea = sender.join().unwrap();
+    for w in [&wa, &wb] {
+        assert_eq!(w.verbs_context().counters().rx_no_recv, 0);
+    }
+    assert_eq!(b.stats().refused, 0, "{:?}", b.stats());
+}
