@@ -208,12 +208,31 @@ fn run(transport: &str, peers: usize) -> Result<Report, Box<dyn StdError>> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    /// The allocator counts every thread's bytes: one measurement at a time.
+    static ALONE: Mutex<()> = Mutex::new(());
+
     #[test]
     fn runs() {
+        let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
         for t in ["rc", "ud"] {
             let r = super::run(t, 20).unwrap();
             assert_eq!(r.qps_per_context, if t == "rc" { 20 } else { 2 }, "{r:?}");
             assert!(r.bytes_per_endpoint_fresh > 0.0, "{r:?}");
         }
+    }
+
+    /// Issue 18's target: 10,000 UD peers on one context, the queue pairs fixed, under
+    /// 2 KiB per peer beyond the shared pool.
+    #[test]
+    fn ten_thousand_ud_peers_cost_under_2_kib_each() {
+        let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+        let r = super::run("ud", 10_000).unwrap();
+        assert_eq!(r.qps_per_context, 2, "{r:?}");
+        assert!(
+            r.bytes_per_endpoint_fresh < 2048.0 && r.bytes_per_endpoint_quiet < 2048.0,
+            "{r:?}"
+        );
     }
 }
