@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rdmx_core::worker::Worker;
+use rdmx_core::worker::{Worker, WorkerHandle};
 use rdmx_core::{Config, DisconnectCause, Error};
 use rdmx_ud::UdTransport;
 use rdmx_verbs::DeviceOptions;
@@ -25,6 +25,13 @@ fn node(cfg: &Config, opts: Option<DeviceOptions>) -> (Worker, UdTransport) {
     (w, t)
 }
 
+/// A node on loopback with its background thread.
+fn started(cfg: &Config) -> (Worker, UdTransport, WorkerHandle) {
+    let (w, t) = node(cfg, None);
+    let h = w.start().unwrap();
+    (w, t, h)
+}
+
 fn msg(n: u32, len: usize) -> Vec<u8> {
     let mut m: Vec<u8> = (0..len).map(|i| (i as u32 * 7 + n) as u8).collect();
     if len >= 4 {
@@ -36,10 +43,8 @@ fn msg(n: u32, len: usize) -> Vec<u8> {
 #[test]
 fn messages_of_every_size_arrive_once_and_in_order_on_loopback() {
     let cfg = cfg();
-    let (wa, a) = node(&cfg, None);
-    let (wb, b) = node(&cfg, None);
-    let _ha = wa.start().unwrap();
-    let _hb = wb.start().unwrap();
+    let (_wa, a, _ha) = started(&cfg);
+    let (_wb, b, _hb) = started(&cfg);
     let (ea, eb) = a.connect_local(&b).unwrap();
     let sizes = [0usize, 1, 100, 4000, 4096, 9000, 70_000, 300_000];
     let n = 400u32;
@@ -134,10 +139,8 @@ fn exactly_once_over_a_lossy_reordering_simulated_net() {
 #[test]
 fn endpoints_connect_over_the_side_channel() {
     let cfg = cfg();
-    let (wa, a) = node(&cfg, None);
-    let (wb, b) = node(&cfg, None);
-    let _ha = wa.start().unwrap();
-    let _hb = wb.start().unwrap();
+    let (_wa, a, _ha) = started(&cfg);
+    let (_wb, b, _hb) = started(&cfg);
     let listener = b.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let server = std::thread::spawn(move || {
@@ -165,8 +168,7 @@ fn endpoints_connect_over_the_side_channel() {
 fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
     use rdmx_core::bootstrap::{self, Frame, PathInfo, TransportKind};
     let cfg = cfg();
-    let (wb, b) = node(&cfg, None);
-    let _hb = wb.start().unwrap();
+    let (_wb, b, _hb) = started(&cfg);
     let listener = b.listen("127.0.0.1:0").unwrap();
     let addr = listener.local_addr();
     let server = std::thread::spawn(move || {
@@ -221,8 +223,7 @@ fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
         g.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
     }
     // A UD endpoint still gets in.
-    let (wa, a) = node(&cfg, None);
-    let _ha = wa.start().unwrap();
+    let (_wa, a, _ha) = started(&cfg);
     let ep = a.connect(addr).unwrap();
     ep.send(b"real").unwrap();
     let accepted = server.join().unwrap();
@@ -263,10 +264,8 @@ fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
         AccessFlags, AhAttr, Device, QpAttr, QpAttrMask as M, QpInitAttr, QpState, SendWr,
     };
     let cfg = cfg();
-    let (wa, a) = node(&cfg, None);
-    let (wb, b) = node(&cfg, None);
-    let _ha = wa.start().unwrap();
-    let _hb = wb.start().unwrap();
+    let (_wa, a, _ha) = started(&cfg);
+    let (_wb, b, _hb) = started(&cfg);
     let (ea, eb) = a.connect_local(&b).unwrap();
     ea.send(b"before").unwrap();
     assert_eq!(
@@ -470,10 +469,8 @@ fn a_slow_receiver_bounds_what_it_holds_and_nothing_is_dropped() {
     // 16 credits: the receiver holds at most 16 datagrams' worth of unread messages (and one
     // message that completed beyond them); the sender's blocking sends wait meanwhile.
     let cfg = cfg();
-    let (wa, a) = node(&cfg, None);
-    let (wb, b) = node(&cfg, None);
-    let _ha = wa.start().unwrap();
-    let _hb = wb.start().unwrap();
+    let (wa, a, _ha) = started(&cfg);
+    let (wb, b, _hb) = started(&cfg);
     let (ea, eb) = a.connect_local(&b).unwrap();
     let sizes = [8usize, 1000, 5000, 9000];
     let n = 3000u32;
