@@ -83,6 +83,9 @@ fn run(seed: u64) -> Result<Outcome, String> {
     let mut r = Rng(seed);
     let loss = r.pick(&[0.0, 0.01, 0.05, 0.1]);
     let dup = r.pick(&[0.0, 0.02]);
+    // Lost at the source: no member gets that datagram (the case repair requests must not
+    // multiply for).
+    let src_loss = r.pick(&[0.0, 0.0, 0.03]);
     let jitter_us = r.pick(&[0u64, 20, 300]);
     let n = r.pick(&[3usize, 4, 5]);
     let publishers = r.pick(&[1usize, 2]);
@@ -161,7 +164,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
     let mut out = Outcome::default();
     let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
     let ctx = format!(
-        "loss {loss} dup {dup} jitter {jitter_us} n {n} pubs {publishers} {trouble:?} window {} dgram {} queued {}",
+        "loss {loss} src {src_loss} dup {dup} jitter {jitter_us} n {n} pubs {publishers} {trouble:?} window {} dgram {} queued {}",
         cfg.window, cfg.max_datagram, cfg.max_queued
     );
     loop {
@@ -302,6 +305,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
                 let d = &buf[..len];
                 let is_data = d.get(1) == Some(&1);
                 let targets: Vec<usize> = match dest {
+                    Dest::Group if r.chance(src_loss) => Vec::new(),
                     Dest::Group => (0..n).filter(|&j| j != i).collect(),
                     Dest::Member(m) => vec![(m - 100) as usize],
                 };

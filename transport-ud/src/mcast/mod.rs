@@ -516,17 +516,31 @@ impl Member {
             let h = self.control_header(Kind::Removed, self.id, Seq(m), 0);
             self.control.push_back(h);
         }
-        let timeout = self.cfg.publisher_timeout;
+        let cfg = &self.cfg;
         let events = &mut self.events;
         self.streams.retain(|&p, s| {
-            let gone = now.saturating_duration_since(s.last_heard) >= timeout;
-            if gone {
+            if now.saturating_duration_since(s.last_heard) >= cfg.publisher_timeout {
                 events.push_back(McastEvent::PublisherGone {
                     publisher: p,
                     why: "not heard for the publisher timeout".into(),
                 });
+                return false;
             }
-            !gone
+            let lost = s.lost;
+            if let Err(why) = s.handle_timeout(cfg, now) {
+                events.push_back(McastEvent::PublisherGone { publisher: p, why });
+                return false;
+            }
+            if s.lost > lost {
+                events.push_back(McastEvent::Lost {
+                    publisher: p,
+                    datagrams: s.lost - lost,
+                });
+            }
+            true
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

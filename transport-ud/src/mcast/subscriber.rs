@@ -43,6 +43,8 @@ pub(super) struct Stream {
     pub(super) last_heard: Instant,
     /// The oldest datagram the publisher said it can send again.
     floor: Seq,
+    /// The publisher has sent everything before this (as far as we heard).
+    upto: Seq,
     /// Counters.
     pub(super) naks_sent: u64,
     pub(super) naks_suppressed: u64,
@@ -91,6 +93,7 @@ impl Stream {
             told: at,
             last_heard: now,
             floor: at,
+            upto: at,
             naks_sent: 0,
             naks_suppressed: 0,
             duplicates: 0,
@@ -133,16 +136,8 @@ impl Stream {
             Kind::Data => h.seq.next(),
             _ => return Ok(()),
         };
-        if h.kind == Kind::Data {
-            let off = h.seq.since(self.rcv_next);
-            if off < 0 || self.ahead.contains_key(&h.seq.0) {
-                self.duplicates += 1;
-            } else if off >= i64::from(cfg.window) {
-                // Too far ahead to hold: dropped (asked again once the gap before it closes).
-            } else {
-                self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
-            }
-            self.deliver(cfg)?;
+        if self.upto.before(upto) {
+            self.upto = upto;
         }
         // Unrecoverable: what the publisher no longer keeps (an unreliable stream that lost
         // it, or a member the publisher did not wait for yet: just joined). Skipped and
@@ -151,7 +146,24 @@ impl Stream {
             self.skip_to(self.floor);
             self.deliver(cfg)?;
         }
-        // A gap before what the publisher sent: ask, after a random delay.
+        if h.kind == Kind::Data {
+            let off = h.seq.since(self.rcv_next);
+            if off < 0 || self.ahead.contains_key(&h.seq.0) {
+                self.duplicates += 1;
+            } else if off >= i64::from(cfg.window) && cfg.reliable {
+                // Too far ahead to hold: dropped (asked again once the gap before it closes).
+            } else if off >= i64::from(cfg.window) {
+                // Unreliable: the oldest gaps are given up on to make room.
+                self.skip_to(Seq(h.seq.0.wrapping_sub(cfg.window - 1)));
+                self.deliver(cfg)?;
+                self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
+            } else {
+                self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
+            }
+            self.deliver(cfg)?;
+        }
+        // A gap before what the publisher sent: ask, after a random delay (unreliable
+        // streams: give up on it then, unless it filled meanwhile, reordered).
         let missing = self.rcv_next.before(upto);
         if missing {
             if self.nak_at.is_none() {
@@ -249,6 +261,25 @@ impl Stream {
         Ok(())
     }
 
+    /// Unreliable streams: a gap still open when its wait ends is given up on (up to the
+    /// next datagram held, or to what the publisher sent).
+    pub(super) fn handle_timeout(&mut self, cfg: &McastConfig, now: Instant) -> Result<(), String> {
+        if cfg.reliable || self.nak_at.is_none_or(|t| t > now) {
+            return Ok(());
+        }
+        self.nak_at = None;
+        let first = self.rcv_next;
+        let to = self
+            .ahead
+            .keys()
+            .map(|&s| Seq(s))
+            .filter(|s| first.before(*s))
+            .min_by_key(|s| s.since(first))
+            .unwrap_or(self.upto);
+        self.skip_to(to);
+        self.deliver(cfg)
+    }
+
     /// A NAK due now: (first missing, how many), to send to the group.
     pub(super) fn poll_nak(&mut self, cfg: &McastConfig, now: Instant) -> Option<(Seq, u32)> {
         if !cfg.reliable || self.nak_at.is_none_or(|t| t > now) {
@@ -288,10 +319,11 @@ impl Stream {
     /// The next time this stream has something to do.
     pub(super) fn poll_timeout(&self, cfg: &McastConfig) -> Instant {
         let gone = self.last_heard + cfg.publisher_timeout;
-        if !cfg.reliable {
-            return gone;
-        }
-        let mut t = self.status_at.min(gone);
+        let mut t = if cfg.reliable {
+            self.status_at.min(gone)
+        } else {
+            gone
+        };
         if let Some(n) = self.nak_at {
             t = t.min(n);
         }
