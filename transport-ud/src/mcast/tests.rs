@@ -37,13 +37,13 @@ fn pump(
                 sent += 1;
                 let d = buf[..n].to_vec();
                 let (h, p) = Header::parse(&d).expect("our own datagram parses");
-                for j in 0..ms.len() {
+                for (j, mj) in ms.iter_mut().enumerate() {
                     let to_j = match dest {
                         Dest::Group => j != i,
-                        Dest::Member(m) => ms[j].id() == m,
+                        Dest::Member(m) => mj.id() == m,
                     };
                     if to_j && !lose(i, j, &h) {
-                        ms[j].handle_datagram(now, &h, p);
+                        mj.handle_datagram(now, &h, p);
                     }
                 }
             }
