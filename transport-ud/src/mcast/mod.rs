@@ -46,6 +46,8 @@ pub struct McastConfig {
     pub window: u32,
     /// Bytes a publisher queues before `publish` answers `WouldBlock`.
     pub max_queued: usize,
+    /// Messages up to this size that are queued together share datagrams (0: never).
+    pub pack_max: usize,
     /// Reliable (repairs, pacing) or not (gaps skipped and counted).
     pub reliable: bool,
     /// A quiet publisher's heartbeat interval.
@@ -73,6 +75,7 @@ impl Default for McastConfig {
             max_message: 1 << 20,
             window: 256,
             max_queued: 1 << 20,
+            pack_max: 256,
             reliable: true,
             heartbeat: Duration::from_millis(20),
             status_interval: Duration::from_millis(10),
@@ -328,7 +331,7 @@ impl Member {
                     let r = self.control_header(Kind::Removed, self.id, Seq(h.source), 0);
                     self.control.push_back(r);
                 } else {
-                    self.publisher.on_status(h.source, h.seq, now);
+                    self.publisher.on_status(h.source, h.seq, h.aux, now);
                 }
             }
             Kind::Nak => {
@@ -460,7 +463,7 @@ impl Member {
                 return Some((Dest::Group, HEADER_LEN));
             }
             if cfg.reliable
-                && let Some(pos) = s.poll_status(cfg, now)
+                && let Some((pos, waiting)) = s.poll_status(cfg, now)
             {
                 let h = Header {
                     kind: Kind::Status,
@@ -469,7 +472,7 @@ impl Member {
                     source: id,
                     stream: p,
                     seq: pos,
-                    aux: cfg.window,
+                    aux: waiting,
                     epoch: s.epoch,
                     len: 0,
                 };

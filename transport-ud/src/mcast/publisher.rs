@@ -10,6 +10,7 @@ use super::wire::{HEADER_LEN, Header, Kind, flags};
 use super::{Dest, McastConfig, McastEvent, RemovedWhy};
 use crate::seq::Seq;
 use crate::session::SendError;
+use crate::wire::PACKED_ENTRY_LEN;
 
 /// A datagram of the stream, kept until every live member has it.
 struct Kept {
@@ -37,6 +38,9 @@ impl std::fmt::Debug for Kept {
 struct Receiver {
     /// The next datagram it expects (it has taken everything before).
     pos: Seq,
+    /// Whole messages waiting for its application (none: it is not the reader that holds
+    /// it back, but a repair on its way).
+    waiting: u32,
     heard: Instant,
     /// Since when it has held the publisher back (a whole window behind) without moving,
     /// and where it was then.
@@ -218,10 +222,29 @@ impl Publisher {
                 .any(|r| self.next_seq.since(r.pos) >= i64::from(cfg.window))
     }
 
-    /// Cuts the next datagram's payload from the queue.
+    /// Cuts the next datagram's payload from the queue: a segment of the first message, or
+    /// several small whole messages packed.
     fn next_payload(&mut self, cfg: &McastConfig) -> Option<(u8, Vec<u8>)> {
-        let msg = self.queue.front()?;
         let room = cfg.max_datagram - HEADER_LEN;
+        let packable = |n: usize| n <= cfg.pack_max && n <= usize::from(u16::MAX);
+        let two_fit = self.head_off == 0
+            && matches!((self.queue.front(), self.queue.get(1)),
+                (Some(a), Some(b)) if packable(a.len()) && packable(b.len())
+                    && 2 * PACKED_ENTRY_LEN + a.len() + b.len() <= room);
+        if two_fit {
+            let mut p = Vec::with_capacity(room);
+            while let Some(m) = self.queue.front() {
+                if !packable(m.len()) || p.len() + PACKED_ENTRY_LEN + m.len() > room {
+                    break;
+                }
+                p.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                p.extend_from_slice(m);
+                self.queued_bytes -= m.len();
+                self.queue.pop_front();
+            }
+            return Some((flags::PACKED, p));
+        }
+        let msg = self.queue.front()?;
         let len = msg.len();
         let mut fl = 0;
         let mut p = Vec::with_capacity(room.min(len + 4));
@@ -256,19 +279,21 @@ impl Publisher {
     }
 
     /// A member's status: its position paces the stream.
-    pub(super) fn on_status(&mut self, member: u32, pos: Seq, now: Instant) {
+    pub(super) fn on_status(&mut self, member: u32, pos: Seq, waiting: u32, now: Instant) {
         // (A position beyond what was sent, or before what is kept, is forged or stale.)
         if self.next_seq.since(pos) < 0 || pos.before(self.base) {
             return;
         }
         let r = self.receivers.entry(member).or_insert(Receiver {
             pos,
+            waiting,
             heard: now,
             behind_since: None,
         });
         if r.pos.before(pos) {
             r.pos = pos;
         }
+        r.waiting = waiting;
         r.heard = now;
     }
 
@@ -280,6 +305,7 @@ impl Publisher {
             .entry(member)
             .or_insert(Receiver {
                 pos: base,
+                waiting: 0,
                 heard: now,
                 behind_since: None,
             })
@@ -329,9 +355,10 @@ impl Publisher {
                 Some(RemovedWhy::Silent)
             } else {
                 // A member a window behind paces the publisher (the slowest one always is);
-                // one that stays there without taking anything for the slow timeout has
-                // stopped, and is removed.
-                let holding = full.since(r.pos) >= window;
+                // one that stays there, messages waiting and none taken, for the slow
+                // timeout has stopped reading, and is removed. (One with nothing to read
+                // waits for a repair: a lossy link, not a slow reader.)
+                let holding = full.since(r.pos) >= window && r.waiting > 0;
                 match (holding, r.behind_since) {
                     (false, _) => {
                         r.behind_since = None;

@@ -212,6 +212,26 @@ impl Stream {
             let seq = self.rcv_next;
             self.rcv_next = seq.next();
             self.naks = 0;
+            if fl & flags::PACKED != 0 {
+                if self.partial.is_some() && !self.skipping {
+                    return Err("packed messages inside another message".into());
+                }
+                let Some(entries) = crate::wire::packed_entries(&payload) else {
+                    return Err("a packed datagram that does not parse".into());
+                };
+                self.skipping = false;
+                self.partial = None;
+                if entries.iter().any(|m| m.len() > cfg.max_message) {
+                    return Err(format!(
+                        "a packed message over the limit ({})",
+                        cfg.max_message
+                    ));
+                }
+                for m in entries {
+                    self.inbox.push_back((m.to_vec(), seq));
+                }
+                continue;
+            }
             let first = fl & flags::FIRST != 0;
             if self.skipping {
                 if !first {
@@ -303,15 +323,16 @@ impl Stream {
         Some((first, count))
     }
 
-    /// Our position for the publisher, when due (every status interval, or at once when the
-    /// application freed half a window).
-    pub(super) fn poll_status(&mut self, cfg: &McastConfig, now: Instant) -> Option<Seq> {
+    /// Our position for the publisher and the messages waiting for the application, when
+    /// due (every status interval, or at once when the application freed half a window).
+    pub(super) fn poll_status(&mut self, cfg: &McastConfig, now: Instant) -> Option<(Seq, u32)> {
         let pos = self.pos();
         let moved = pos.since(self.told) >= i64::from(cfg.window / 2).max(1);
         if now >= self.status_at || moved {
             self.status_at = now + cfg.status_interval;
             self.told = pos;
-            return Some(pos);
+            let waiting = u32::try_from(self.inbox.len()).unwrap_or(u32::MAX);
+            return Some((pos, waiting));
         }
         None
     }

@@ -6,10 +6,12 @@ use super::wire::{Header, group_id};
 use super::{Dest, McastConfig, McastEvent, Member};
 use crate::seq::Seq;
 
+/// (One message per datagram: the tests lose datagrams one by one.)
 fn cfg() -> McastConfig {
     McastConfig {
         group: group_id("test"),
         max_datagram: 512,
+        pack_max: 0,
         ..McastConfig::default()
     }
 }

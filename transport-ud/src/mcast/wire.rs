@@ -9,13 +9,15 @@
 //!                  Status: the next one the member expects; Nak: the first one missing;
 //!                  Removed: the member removed
 //! 20  aux          Data, Heartbeat: the oldest number the publisher can still send again;
-//!                  Status: the member's window (datagrams); Nak: how many are missing
+//!                  Status: whole messages waiting for the member's application;
+//!                  Nak: how many are missing
 //! 24  epoch        the publisher's stream epoch (a restarted publisher is a new stream)
 //! 28  len (u16)    payload bytes            30  0 (u16)
 //! ```
 //!
 //! `Data` with `FIRST` starts with the message's length (u32), then its first bytes; `LAST`
-//! ends the message. Data and heartbeats go to the group; a `Nak` goes to the group too (the
+//! ends the message. `Data` with `PACKED` carries several whole small messages, each as a
+//! u16 length and its bytes. Data and heartbeats go to the group; a `Nak` goes to the group too (the
 //! other members hear it and do not ask again); a `Status` goes to the publisher alone;
 //! `Removed`, `Join` and `Leave` go to the group. All integers are big-endian.
 
@@ -83,8 +85,10 @@ pub mod flags {
     pub const LAST: u8 = 2;
     /// A datagram sent again (a repair).
     pub const REPAIR: u8 = 4;
+    /// Several whole small messages, each as a u16 length and its bytes.
+    pub const PACKED: u8 = 8;
     /// Every flag this version knows.
-    pub const ALL: u8 = FIRST | LAST | REPAIR;
+    pub const ALL: u8 = FIRST | LAST | REPAIR | PACKED;
 }
 
 /// A multicast datagram's header.
