@@ -70,6 +70,10 @@ type InFlight = Reverse<(u64, u64, usize, Vec<u8>)>;
 /// Counters over a seed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Outcome {
+    /// Repairs went by unicast.
+    unicast: bool,
+    /// Virtual time the seed took.
+    elapsed_us: u64,
     steps: u64,
     delivered: u64,
     /// Member copies of data datagrams the net lost.
@@ -102,6 +106,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
         max_message: 20_000,
         window: r.pick(&[8, 64, 256]),
         max_queued: r.pick(&[1, 10_000, 1 << 20]),
+        unicast_repairs: r.chance(0.3),
         member_timeout: Duration::from_millis(300),
         slow_timeout: Duration::from_millis(200),
         publisher_timeout: Duration::from_millis(300),
@@ -380,6 +385,8 @@ fn run(seed: u64) -> Result<Outcome, String> {
         out.naks_suppressed += s.naks_suppressed;
         out.repairs += s.repairs_sent;
     }
+    out.unicast = cfg.unicast_repairs;
+    out.elapsed_us = (now - t0).as_micros() as u64;
     Ok(out)
 }
 
@@ -401,17 +408,26 @@ fn every_live_member_gets_every_message_once_and_in_order() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let start = Instant::now();
-    let mut total = Outcome::default();
+    // By repair mode: multicast, unicast.
+    let mut total = [
+        Outcome::default(),
+        Outcome {
+            unicast: true,
+            ..Outcome::default()
+        },
+    ];
     let mut failed = Vec::new();
     for seed in 1..=seeds {
         match run(seed) {
             Ok(o) => {
-                total.steps += o.steps;
-                total.delivered += o.delivered;
-                total.lost_copies += o.lost_copies;
-                total.naks_sent += o.naks_sent;
-                total.naks_suppressed += o.naks_suppressed;
-                total.repairs += o.repairs;
+                let t = &mut total[usize::from(o.unicast)];
+                t.steps += o.steps;
+                t.delivered += o.delivered;
+                t.lost_copies += o.lost_copies;
+                t.naks_sent += o.naks_sent;
+                t.naks_suppressed += o.naks_suppressed;
+                t.repairs += o.repairs;
+                t.elapsed_us += o.elapsed_us;
             }
             Err(e) => {
                 eprintln!("seed {seed}: {e}\n  replay: RDMX_MCAST_SIM_SEED={seed}");
@@ -419,13 +435,21 @@ fn every_live_member_gets_every_message_once_and_in_order() {
             }
         }
     }
-    eprintln!("{seeds} seeds in {:?}: {total:?}", start.elapsed());
+    eprintln!(
+        "{seeds} seeds in {:?}\n  multicast repairs: {:?}\n  unicast repairs: {:?}",
+        start.elapsed(),
+        total[0],
+        total[1]
+    );
     assert!(failed.is_empty(), "failing seeds: {failed:?}");
     if seeds >= 100 {
         assert!(
-            total.naks_suppressed > 0,
+            total[0].naks_suppressed > 0,
             "no repair request was ever suppressed"
         );
-        assert!(total.repairs > 0, "no repair was ever sent");
+        assert!(
+            total[0].repairs > 0 && total[1].repairs > 0,
+            "a repair mode never repaired"
+        );
     }
 }

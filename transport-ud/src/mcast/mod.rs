@@ -50,6 +50,10 @@ pub struct McastConfig {
     pub pack_max: usize,
     /// Reliable (repairs, pacing) or not (gaps skipped and counted).
     pub reliable: bool,
+    /// Repairs by unicast: a member asks its publisher alone, and the repair goes to it
+    /// alone (no suppression, a repair per member that missed the datagram). By default a
+    /// request and its repair go to the group, and one repair serves every member.
+    pub unicast_repairs: bool,
     /// A quiet publisher's heartbeat interval.
     pub heartbeat: Duration,
     /// How often members tell publishers their position.
@@ -77,6 +81,7 @@ impl Default for McastConfig {
             max_queued: 1 << 20,
             pack_max: 256,
             reliable: true,
+            unicast_repairs: false,
             heartbeat: Duration::from_millis(20),
             status_interval: Duration::from_millis(10),
             nak_delay: Duration::from_millis(2),
@@ -85,14 +90,6 @@ impl Default for McastConfig {
             slow_timeout: Duration::from_millis(500),
             publisher_timeout: Duration::from_secs(1),
         }
-    }
-}
-
-impl McastConfig {
-    /// Where repairs go: the group (every member that missed a datagram gets it from one
-    /// repair).
-    fn repair_dest(&self) -> Dest {
-        Dest::Group
     }
 }
 
@@ -337,11 +334,14 @@ impl Member {
             Kind::Nak => {
                 if h.stream == self.id {
                     if h.epoch == self.publisher.epoch {
-                        self.publisher.on_nak(&self.cfg, h.seq, h.aux, now);
+                        self.publisher
+                            .on_nak(&self.cfg, h.source, h.seq, h.aux, now);
                     } else {
                         self.stats.refused += 1;
                     }
-                } else if let Some(s) = self.streams.get_mut(&h.stream) {
+                } else if let Some(s) = self.streams.get_mut(&h.stream)
+                    && !self.cfg.unicast_repairs
+                {
                     s.on_other_nak(&self.cfg, h.seq, h.aux, now);
                 }
             }
@@ -460,7 +460,12 @@ impl Member {
                     len: 0,
                 };
                 h.write(out);
-                return Some((Dest::Group, HEADER_LEN));
+                let to = if cfg.unicast_repairs {
+                    Dest::Member(p)
+                } else {
+                    Dest::Group
+                };
+                return Some((to, HEADER_LEN));
             }
             if cfg.reliable
                 && let Some((pos, waiting)) = s.poll_status(cfg, now)

@@ -59,8 +59,9 @@ pub(super) struct Publisher {
     base: Seq,
     next_seq: Seq,
     ring: VecDeque<Kept>,
-    /// Datagrams to send again (repairs), oldest first.
-    repairs: VecDeque<Seq>,
+    /// Datagrams to send again (repairs), oldest first, and where (the group, or the member
+    /// that asked).
+    repairs: VecDeque<(Seq, Dest)>,
     receivers: HashMap<u32, Receiver>,
     last_sent: Option<Instant>,
     /// Counters.
@@ -163,7 +164,7 @@ impl Publisher {
         out: &mut [u8],
     ) -> Option<(Dest, usize)> {
         // Repairs first.
-        while let Some(seq) = self.repairs.pop_front() {
+        while let Some((seq, to)) = self.repairs.pop_front() {
             let Ok(i) = usize::try_from(seq.since(self.base)) else {
                 continue;
             };
@@ -180,7 +181,7 @@ impl Publisher {
             k.sent_at = Some(now);
             self.repairs_sent += 1;
             self.last_sent = Some(now);
-            return Some((cfg.repair_dest(), n));
+            return Some((to, n));
         }
         self.release(cfg);
         // New data while the slowest live member is less than a window behind.
@@ -312,8 +313,22 @@ impl Publisher {
             .heard = now;
     }
 
-    /// A member asks for `count` datagrams from `first` again.
-    pub(super) fn on_nak(&mut self, cfg: &McastConfig, first: Seq, count: u32, now: Instant) {
+    /// Member `from` asks for `count` datagrams from `first` again.
+    pub(super) fn on_nak(
+        &mut self,
+        cfg: &McastConfig,
+        from: u32,
+        first: Seq,
+        count: u32,
+        now: Instant,
+    ) {
+        // By multicast one repair serves everybody (and a request within the holdoff of the
+        // last send is ignored); by unicast each member that asks gets its own.
+        let to = if cfg.unicast_repairs {
+            Dest::Member(from)
+        } else {
+            Dest::Group
+        };
         for i in 0..count.min(cfg.window) {
             let s = first.plus(i);
             let Ok(off) = usize::try_from(s.since(self.base)) else {
@@ -327,11 +342,12 @@ impl Publisher {
             let recent = k
                 .sent_at
                 .is_some_and(|t| now.saturating_duration_since(t) < cfg.repair_holdoff);
-            if recent || self.repairs.contains(&s) {
+            let queued = self.repairs.contains(&(s, to));
+            if queued || (recent && !cfg.unicast_repairs) {
                 self.naks_ignored += 1;
                 continue;
             }
-            self.repairs.push_back(s);
+            self.repairs.push_back((s, to));
         }
     }
 
