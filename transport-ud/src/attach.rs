@@ -290,7 +290,7 @@ fn ctrl_depth(srq_depth: u32) -> u32 {
 }
 
 /// RESET -> INIT -> RTR -> RTS for a UD queue pair with the rdmx Q_Key.
-fn bring_up(qp: &rdmx_verbs::QueuePair) -> Result<()> {
+pub(crate) fn bring_up(qp: &rdmx_verbs::QueuePair) -> Result<()> {
     qp.modify(
         &QpAttr {
             qp_state: QpState::Init,

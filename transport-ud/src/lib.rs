@@ -26,6 +26,7 @@ mod endpoint;
 mod engine;
 mod exchange;
 mod grants;
+pub mod group;
 pub mod mcast;
 pub mod seq;
 pub mod session;

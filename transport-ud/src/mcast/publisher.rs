@@ -63,6 +63,9 @@ pub(super) struct Publisher {
     /// that asked).
     repairs: VecDeque<(Seq, Dest)>,
     receivers: HashMap<u32, Receiver>,
+    /// When the members are looked at next (silent, or holding the stream back): every
+    /// status interval while there are any.
+    check_at: Option<Instant>,
     last_sent: Option<Instant>,
     /// Counters.
     pub(super) repairs_sent: u64,
@@ -96,6 +99,7 @@ impl Publisher {
             ring: VecDeque::new(),
             repairs: VecDeque::new(),
             receivers: HashMap::new(),
+            check_at: None,
             last_sent: None,
             repairs_sent: 0,
             naks_ignored: 0,
@@ -296,6 +300,7 @@ impl Publisher {
         }
         r.waiting = waiting;
         r.heard = now;
+        self.check_at.get_or_insert(now);
     }
 
     /// A member says it is there: the stream waits for it from the oldest datagram kept
@@ -311,6 +316,7 @@ impl Publisher {
                 behind_since: None,
             })
             .heard = now;
+        self.check_at.get_or_insert(now);
     }
 
     /// Member `from` asks for `count` datagrams from `first` again.
@@ -364,6 +370,9 @@ impl Publisher {
         events: &mut VecDeque<McastEvent>,
         removed: &mut Vec<u32>,
     ) {
+        if self.check_at.is_some_and(|t| t > now) {
+            return;
+        }
         let full = self.next_seq;
         let window = i64::from(cfg.window);
         self.receivers.retain(|&m, r| {
@@ -398,22 +407,12 @@ impl Publisher {
                 None => true,
             }
         });
+        self.check_at = (!self.receivers.is_empty()).then(|| now + cfg.status_interval);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) or a heartbeat is next due.
     pub(super) fn poll_timeout(&self, cfg: &McastConfig) -> Option<Instant> {
         let hb = self.last_sent.map(|t| t + cfg.heartbeat);
-        let members = self
-            .receivers
-            .values()
-            .map(|r| {
-                let silent = r.heard + cfg.member_timeout;
-                r.behind_since
-                    .map_or(silent, |(t, _)| silent.min(t + cfg.slow_timeout))
-            })
-            .min();
-        // (A member a whole window behind starts its clock at the next look: at the latest
-        // the next heartbeat, which a blocked publisher sends.)
-        [hb, members].into_iter().flatten().min()
+        [hb, self.check_at].into_iter().flatten().min()
     }
 }

@@ -1,0 +1,495 @@
+//! A multicast group member over a worker: the protocol of [`crate::mcast`] on a UD queue
+//! pair of its own, attached to the group's multicast address. Each joined group is a
+//! transport of the worker (its own completion queue on the worker's channel, its timers);
+//! members' unicast addresses (for statuses) are learned from the completions of their
+//! datagrams.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdmx_core::pool::{BufferPool, PostKey};
+use rdmx_core::worker::{Cx, Message, Transport, TransportId, Wait, WaitSlot, Worker, wait_until};
+use rdmx_core::{Buf, Config, Error, Result};
+use rdmx_verbs::ah::GRH_LEN;
+use rdmx_verbs::{
+    AddressHandle, AhAttr, AsyncEvent, CompletionQueue, Gid, ProtectionDomain, QpCap, QpInitAttr,
+    Qpn, QueuePair, RecvWr, SendWr, WcStatus, WorkCompletion,
+};
+use slab::Slab;
+
+use crate::attach::{QKEY, UdTransport, bring_up};
+use crate::mcast::wire::{Header, group_id};
+use crate::mcast::{Dest, McastConfig, McastEvent, McastStats, Member};
+use crate::seq::Seq;
+use crate::session::SendError;
+
+/// Work-request ids of sends carry this bit.
+const SEND_TAG: u64 = 1 << 63;
+/// Completions polled per round.
+const POLL_BATCH: usize = 32;
+/// Members whose address a group remembers (a flood of made-up member ids cannot grow it).
+const MAX_MEMBERS: usize = 4096;
+
+/// The multicast address of group `id` (an IPv4 `239.x.y.z`: administratively scoped).
+pub fn group_addr(id: u32) -> Ipv4Addr {
+    let [_, b, c, d] = id.to_be_bytes();
+    Ipv4Addr::new(239, b.max(1), c, d)
+}
+
+/// What never changes.
+#[derive(Debug)]
+struct Fixed {
+    tid: TransportId,
+    post_key: PostKey,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    pool: BufferPool,
+    to_group: AddressHandle,
+    mgid: Gid,
+    sq_depth: usize,
+}
+
+/// What changes, under the worker's lock.
+#[derive(Debug)]
+struct GroupState {
+    member: Member,
+    recv_slots: Slab<Buf>,
+    send_slots: Slab<Buf>,
+    /// Members' unicast addresses, from their datagrams.
+    members: HashMap<u32, (AddressHandle, Qpn)>,
+    events: VecDeque<McastEvent>,
+    wait: WaitSlot,
+    wc: Vec<WorkCompletion>,
+    scratch: Vec<u8>,
+    /// Datagrams that could not be posted (no buffer or send slot; no address yet).
+    send_dropped: u64,
+    left: bool,
+}
+
+/// The group as its worker holds it.
+#[derive(Debug)]
+struct GroupTransport {
+    f: Arc<Fixed>,
+    st: GroupState,
+}
+
+/// A member of a multicast group (see [`crate::mcast`] for what delivery it gives).
+/// Cheap to clone; the group is left when [`leave`](Self::leave) is called or the last
+/// clone is dropped.
+#[derive(Debug, Clone)]
+pub struct Group {
+    w: Worker,
+    f: Arc<Fixed>,
+    _leave: Arc<LeaveOnDrop>,
+}
+
+#[derive(Debug)]
+struct LeaveOnDrop {
+    w: Worker,
+    f: Arc<Fixed>,
+}
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        leave(&self.w, &self.f);
+    }
+}
+
+fn with<R>(w: &Worker, f: &Fixed, g: impl FnOnce(&Fixed, &mut GroupState, &mut Cx<'_>) -> R) -> R {
+    let mut ws = w.lock();
+    let (t, core) = ws
+        .transport::<GroupTransport>(f.tid)
+        .expect("a group is in its worker");
+    let mut cx = core.cx(w, f.tid);
+    g(f, &mut t.st, &mut cx)
+}
+
+fn leave(w: &Worker, f: &Fixed) {
+    with(w, f, |f, st, cx| {
+        if !st.left {
+            st.member.leave();
+            let now = cx.now();
+            f.transmit(st, now);
+            st.left = true;
+            let _ = f.qp.detach_mcast(f.mgid, 0);
+        }
+    });
+}
+
+impl Group {
+    /// Joins group `name` on `worker` (a UD queue pair of its own with `cfg.srq_depth`
+    /// receive buffers of [`UdTransport::RECV_BUF_SIZE`] from the worker's pool, attached to
+    /// the group's multicast address). `options` says how the group behaves (its `group`
+    /// and `max_datagram` are set here); every member should use the same.
+    ///
+    /// # Errors
+    /// `Verbs` when a resource cannot be made or the group cannot be joined.
+    pub fn join(w: &Worker, cfg: &Config, name: &str, options: McastConfig) -> Result<Self> {
+        let id = group_id(name);
+        let mgid = Gid::from_ip(std::net::IpAddr::V4(group_addr(id)));
+        let mut made = None;
+        w.add_transport(|tid, post_key| {
+            let vctx = w.verbs_context().clone();
+            let pd = w.pd(post_key).clone();
+            let pool = w.pool().clone();
+            let port = vctx.query_port(1)?;
+            let max_datagram = port
+                .active_mtu
+                .bytes()
+                .min(UdTransport::RECV_BUF_SIZE - GRH_LEN);
+            let depth = cfg.srq_depth.max(64);
+            let sq_depth = 256u32;
+            let cq = vctx.create_cq(((depth + sq_depth) * 2) as usize, Some(w.channel()))?;
+            let mut attr = QpInitAttr::ud(&cq, &cq);
+            attr.cap = QpCap {
+                max_send_wr: sq_depth,
+                max_recv_wr: depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = pd.create_qp(&attr)?;
+            bring_up(&qp)?;
+            qp.attach_mcast(mgid, 0)?;
+            let to_group = pd.create_ah(&AhAttr::new(mgid))?;
+            pool.reserve(pool.footprint_of(depth as usize, UdTransport::RECV_BUF_SIZE));
+            let f = Arc::new(Fixed {
+                tid,
+                post_key,
+                pd,
+                cq,
+                qp,
+                pool,
+                to_group,
+                mgid,
+                sq_depth: sq_depth as usize,
+            });
+            let mcfg = McastConfig {
+                group: id,
+                max_datagram,
+                ..options
+            };
+            let r = rdmx_verbs::random_u64();
+            let member = Member::new(
+                mcfg,
+                r as u32 | 1,
+                (r >> 32) as u32,
+                Seq(rdmx_verbs::random_u64() as u32),
+                w.now(),
+            );
+            let mut st = GroupState {
+                member,
+                recv_slots: Slab::new(),
+                send_slots: Slab::new(),
+                members: HashMap::new(),
+                events: VecDeque::new(),
+                wait: WaitSlot::new(0),
+                wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
+                scratch: vec![0; max_datagram],
+                send_dropped: 0,
+                left: false,
+            };
+            for _ in 0..depth {
+                let buf = f.pool.try_alloc(UdTransport::RECV_BUF_SIZE)?;
+                f.post_recv(&mut st, buf)?;
+            }
+            made = Some(f.clone());
+            Ok(GroupTransport { f, st })
+        })?;
+        let f = made.ok_or_else(|| Error::Config("the group was not made".into()))?;
+        with(w, &f, |f, st, cx| {
+            let now = cx.now();
+            f.after(st, cx, now);
+        });
+        Ok(Self {
+            w: w.clone(),
+            f: f.clone(),
+            _leave: Arc::new(LeaveOnDrop { w: w.clone(), f }),
+        })
+    }
+
+    /// This member's id (what other members see as the publisher of its messages).
+    pub fn member_id(&self) -> u32 {
+        with(&self.w, &self.f, |_, st, _| st.member.id())
+    }
+
+    /// Publishes a message to every member.
+    ///
+    /// # Errors
+    /// `WouldBlock` while the queue is full (the slowest member paces it); `MessageTooLarge`;
+    /// `Disconnected` after leaving.
+    pub fn try_publish(&self, msg: &[u8]) -> Result<()> {
+        with(&self.w, &self.f, |f, st, cx| {
+            match st.member.publish(msg) {
+                Ok(()) => {}
+                Err(SendError::WouldBlock) => return Err(Error::WouldBlock),
+                Err(SendError::TooLarge { len, max }) => {
+                    return Err(Error::MessageTooLarge { len, max });
+                }
+                Err(SendError::Closed) => {
+                    return Err(Error::InvalidArgument("the group was left".into()));
+                }
+            }
+            let now = cx.now();
+            f.after(st, cx, now);
+            Ok(())
+        })
+    }
+
+    /// Publishes, waiting up to `timeout` for room.
+    ///
+    /// # Errors
+    /// As [`try_publish`](Self::try_publish), and `Timeout`.
+    pub fn publish_timeout(&self, msg: &[u8], timeout: Duration) -> Result<()> {
+        let wait = Wait::endpoint(self.f.tid, 0);
+        wait_until(&self.w, wait, Some(timeout), |ws| {
+            let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
+            let mut cx = core.cx(&self.w, self.f.tid);
+            let GroupTransport { f, st } = t;
+            match st.member.publish(msg) {
+                Ok(()) => {
+                    let now = cx.now();
+                    f.after(st, &mut cx, now);
+                    Some(Ok(()))
+                }
+                Err(SendError::WouldBlock) => None,
+                Err(SendError::TooLarge { len, max }) => {
+                    Some(Err(Error::MessageTooLarge { len, max }))
+                }
+                Err(SendError::Closed) => {
+                    Some(Err(Error::InvalidArgument("the group was left".into())))
+                }
+            }
+        })
+    }
+
+    /// The next message of any publisher, with the publisher's member id.
+    ///
+    /// # Errors
+    /// `WouldBlock` when none is there.
+    pub fn try_recv(&self) -> Result<(u32, Vec<u8>)> {
+        with(&self.w, &self.f, |f, st, cx| {
+            if let Some(m) = st.member.recv() {
+                let now = cx.now();
+                f.after(st, cx, now);
+                return Ok(m);
+            }
+            f.progress(st, cx);
+            st.member.recv().ok_or(Error::WouldBlock)
+        })
+    }
+
+    /// The next message of any publisher, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>)> {
+        let wait = Wait::message(self.f.tid, 0);
+        wait_until(&self.w, wait, Some(timeout), |ws| {
+            let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
+            let mut cx = core.cx(&self.w, self.f.tid);
+            let GroupTransport { f, st } = t;
+            let m = st.member.recv()?;
+            let now = cx.now();
+            f.after(st, &mut cx, now);
+            Some(Ok(m))
+        })
+    }
+
+    /// The next event of the group (members removed, publishers joined or gone, losses).
+    pub fn poll_event(&self) -> Option<McastEvent> {
+        with(&self.w, &self.f, |_, st, _| st.events.pop_front())
+    }
+
+    /// Counters: the protocol's, and datagrams this member could not send.
+    pub fn stats(&self) -> (McastStats, u64) {
+        with(&self.w, &self.f, |_, st, _| {
+            (st.member.stats(), st.send_dropped)
+        })
+    }
+
+    /// Members this member's stream is paced by (those it heard of).
+    pub fn receivers(&self) -> usize {
+        with(&self.w, &self.f, |_, st, _| st.member.receivers())
+    }
+
+    /// Leaves the group now (the others are told); later calls fail.
+    pub fn leave(&self) {
+        leave(&self.w, &self.f);
+    }
+}
+
+impl Fixed {
+    fn post_recv(&self, st: &mut GroupState, mut buf: Buf) -> Result<()> {
+        let cap = buf.capacity();
+        buf.set_len(cap)?;
+        let slot = st.recv_slots.vacant_key();
+        let sge = [buf.sge(self.post_key)];
+        self.qp.post_recv(&RecvWr::new(slot as u64, &sge))?;
+        st.recv_slots.insert(buf);
+        Ok(())
+    }
+
+    /// Polls the completion queue, hands datagrams to the member, then sends.
+    fn progress(&self, st: &mut GroupState, cx: &mut Cx<'_>) -> usize {
+        let mut wc = std::mem::take(&mut st.wc);
+        let n = self.cq.poll(&mut wc);
+        let now = cx.now();
+        for c in wc.iter().take(n) {
+            if c.wr_id & SEND_TAG != 0 {
+                st.send_slots.try_remove((c.wr_id & !SEND_TAG) as usize);
+                continue;
+            }
+            let Some(buf) = st.recv_slots.try_remove(c.wr_id as usize) else {
+                continue;
+            };
+            if c.status == WcStatus::Success && !st.left {
+                let len = (c.byte_len as usize).min(buf.len());
+                let grh = buf.get(..GRH_LEN).unwrap_or_default();
+                let data = buf.get(GRH_LEN..len).unwrap_or_default();
+                if let Ok((h, payload)) = Header::parse(data) {
+                    // Where its statuses and requests come from: its unicast address.
+                    if !st.members.contains_key(&h.source)
+                        && st.members.len() < MAX_MEMBERS
+                        && let Ok(ah) = AddressHandle::from_work_completion(&self.pd, 1, c, grh)
+                    {
+                        st.members.insert(h.source, (ah, c.src_qp));
+                    }
+                    st.member.handle_datagram(now, &h, payload);
+                }
+            }
+            if c.status != WcStatus::WrFlushErr
+                && let Err(e) = self.post_recv(st, buf)
+            {
+                tracing::warn!("reposting a group receive buffer failed: {e}");
+            }
+        }
+        st.wc = wc;
+        self.after(st, cx, now);
+        n
+    }
+
+    /// Sends what the member has to send, passes its events on, wakes waiters.
+    fn after(&self, st: &mut GroupState, cx: &mut Cx<'_>, now: Instant) {
+        self.transmit(st, now);
+        let mut any = false;
+        while let Some(e) = st.member.poll_event() {
+            if let McastEvent::PublisherGone { publisher, .. }
+            | McastEvent::MemberRemoved {
+                member: publisher, ..
+            } = &e
+            {
+                st.members.remove(publisher);
+            }
+            st.events.push_back(e);
+            any = true;
+        }
+        if st.member.has_message() || any {
+            cx.touch(&mut st.wait);
+            cx.mark_ready(&mut st.wait);
+        }
+        if let Some(t) = st.member.poll_timeout() {
+            cx.schedule(t);
+        }
+    }
+
+    fn transmit(&self, st: &mut GroupState, now: Instant) {
+        while st.send_slots.len() < self.sq_depth {
+            let Some((dest, n)) = st.member.poll_transmit(now, &mut st.scratch) else {
+                return;
+            };
+            let (ah, qpn) = match dest {
+                Dest::Group => (&self.to_group, Qpn::MULTICAST),
+                Dest::Member(m) => match st.members.get(&m) {
+                    Some((ah, q)) => (ah, *q),
+                    None => {
+                        st.send_dropped += 1;
+                        continue;
+                    }
+                },
+            };
+            let Ok(mut buf) = self.pool.try_alloc(n) else {
+                st.send_dropped += 1;
+                return;
+            };
+            buf.copy_from_slice(&st.scratch[..n]);
+            let slot = st.send_slots.vacant_key();
+            let sge = [buf.sge(self.post_key)];
+            let wr = SendWr::send(slot as u64 | SEND_TAG, &sge)
+                .signaled()
+                .to(ah, qpn, QKEY);
+            match self.qp.post_send(&wr) {
+                Ok(()) => {
+                    st.send_slots.insert(buf);
+                }
+                Err(e) => {
+                    tracing::debug!("posting a group datagram failed: {e}");
+                    st.send_dropped += 1;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[expect(
+    unsafe_code,
+    reason = "implementing `Transport` vouches for the posting rules below"
+)]
+// SAFETY: a group names a pool buffer in a work request only once it moved into its tables
+// (`GroupState::recv_slots` while posted, until its completion or flush; `send_slots` until
+// the send's completion: every send is signaled). No buffer is offered to a peer for RDMA,
+// no buffer the application holds is ever posted (messages reach it as copies), and the key
+// never leaves `Fixed`.
+unsafe impl Transport for GroupTransport {
+    fn arm(&self) {
+        self.f.cq.req_notify(false);
+    }
+
+    fn progress(&mut self, cx: &mut Cx<'_>) -> usize {
+        self.f.progress(&mut self.st, cx)
+    }
+
+    fn handle_event(&mut self, _cx: &mut Cx<'_>, _ev: AsyncEvent) {}
+
+    fn next_timer(&self) -> Option<Instant> {
+        if self.st.left {
+            return None;
+        }
+        self.st.member.poll_timeout()
+    }
+
+    fn handle_timer(&mut self, cx: &mut Cx<'_>, now: Instant) {
+        if self.st.left {
+            return;
+        }
+        if self.st.member.poll_timeout().is_some_and(|t| t <= now) {
+            self.st.member.handle_timeout(now);
+        }
+        self.f.after(&mut self.st, cx, now);
+    }
+
+    fn take_back(&mut self, _cx: &mut Cx<'_>, buf: Buf) {
+        drop(buf);
+    }
+
+    fn hand_over(&mut self, _cx: &mut Cx<'_>) {}
+
+    fn take_message(&mut self, _cx: &mut Cx<'_>, _key: usize) -> Option<Message> {
+        // (Group messages are taken from the group, not from the worker's receive.)
+        None
+    }
+
+    fn wait_slot(&mut self, key: usize) -> Option<&mut WaitSlot> {
+        (key == 0).then_some(&mut self.st.wait)
+    }
+
+    fn flush_batch(&mut self, _cx: &mut Cx<'_>) {}
+
+    fn is_idle(&self) -> bool {
+        self.st.left && self.st.send_slots.is_empty()
+    }
+}
