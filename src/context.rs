@@ -38,11 +38,9 @@ impl FromParts for Context {
         let cfg = p.cfg;
         cfg.validate()?;
         let ud = cfg.transport == TransportKind::Ud;
-        // Every transport's receive-buffer class goes in the one pool.
-        let mut classes = vec![cfg.recv_buf_size()];
-        if ud {
-            classes.push(UdTransport::RECV_BUF_SIZE);
-        }
+        // Every transport's receive-buffer class goes in the one pool (UD's for multicast
+        // groups too: a class costs nothing until used).
+        let classes = vec![cfg.recv_buf_size(), UdTransport::RECV_BUF_SIZE];
         let (w, node) = rdmx_rc::open_worker(&cfg, p.options, p.node, &classes)?;
         let rc = RcTransport::attach(&w, &cfg, node.as_ref())?;
         let ud = ud.then(|| UdTransport::attach(&w, &cfg)).transpose()?;
@@ -88,6 +86,25 @@ impl Context {
     /// The UD transport, when the configuration's transport is UD.
     pub fn ud(&self) -> Option<&UdTransport> {
         self.ud.as_ref()
+    }
+
+    /// Joins multicast group `name` with reliable delivery and the default options (see
+    /// [`Group`](crate::Group)): every message published by a member reaches every live
+    /// member once and in order. Whatever the endpoints' transport.
+    ///
+    /// # Errors
+    /// `Verbs` when the group's queue pair cannot be made or attached.
+    pub fn join(&self, name: &str) -> Result<crate::Group> {
+        self.join_with(name, crate::McastConfig::default())
+    }
+
+    /// [`join`](Self::join) with options (every member of a group should use the same;
+    /// `reliable: false` for a group that prefers loss to waiting).
+    ///
+    /// # Errors
+    /// As [`join`](Self::join).
+    pub fn join_with(&self, name: &str, options: crate::McastConfig) -> Result<crate::Group> {
+        crate::Group::join(self.worker(), self.config(), name, options)
     }
 
     /// The effective configuration of the endpoints' transport.

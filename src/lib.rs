@@ -39,5 +39,7 @@ pub use rdmx_rc::{
     Batch, IntoBufError, LocalRegion, Message, Node, RcTransport, RemoteRegion, Stats,
 };
 pub use rdmx_ud::UdTransport;
+pub use rdmx_ud::group::Group;
+pub use rdmx_ud::mcast::{McastConfig, McastEvent, McastStats, RemovedWhy};
 pub use rdmx_verbs as verbs;
 pub use rdmx_verbs::SharedBytes;
