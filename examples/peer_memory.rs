@@ -85,8 +85,22 @@ fn main() -> Result<(), Box<dyn StdError>> {
     Ok(())
 }
 
+/// Waits (up to a second) until no thread allocates or frees any more: the workers of an
+/// earlier run end within a tick of their last handle, and what they free must not count
+/// against this one.
+fn settle() {
+    for _ in 0..20 {
+        let a = LIVE.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+        if LIVE.load(Ordering::Relaxed) == a {
+            return;
+        }
+    }
+}
+
 /// Connects `peers` endpoint pairs over `transport` (`rc` or `ud`) and measures.
 fn run(transport: &str, peers: usize) -> Result<Report, Box<dyn StdError>> {
+    settle();
     let cfg = Config {
         pool_max: 1 << 30,
         peer_timeout: Duration::from_secs(3),
