@@ -59,21 +59,8 @@ impl UdTransport {
             let cqe = ((rq_depth + ctrl_depth + 2 * sq_depth) as usize * 2)
                 .min(dev.max_cqe.max(1) as usize);
             let cq = vctx.create_cq(cqe, Some(w.channel()))?;
-            let make = |depth: u32| -> Result<rdmx_verbs::QueuePair> {
-                let mut attr = QpInitAttr::ud(&cq, &cq);
-                attr.cap = QpCap {
-                    max_send_wr: sq_depth,
-                    max_recv_wr: depth,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                };
-                let qp = pd.create_qp(&attr)?;
-                bring_up(&qp)?;
-                Ok(qp)
-            };
-            let qp = make(rq_depth)?;
-            let ctrl_qp = make(ctrl_depth)?;
+            let qp = ud_qp(&pd, &cq, sq_depth, rq_depth)?;
+            let ctrl_qp = ud_qp(&pd, &cq, sq_depth, ctrl_depth)?;
             let addr = vctx.port_addr(1)?;
             let session = SessionConfig {
                 max_datagram,
@@ -287,6 +274,27 @@ const CTRL_BUF_SIZE: usize = GRH_LEN + crate::wire::HEADER_LEN;
 /// (see `budget`).
 fn ctrl_depth(srq_depth: u32) -> u32 {
     srq_depth.saturating_mul(8).clamp(1024, 32 * 1024)
+}
+
+/// A UD queue pair on `cq` (sends and receives) with room for `sq` sends and `rq` receives
+/// of one scatter-gather entry each, brought up to RTS with rdmx's Q_Key.
+pub(crate) fn ud_qp(
+    pd: &rdmx_verbs::ProtectionDomain,
+    cq: &rdmx_verbs::CompletionQueue,
+    sq: u32,
+    rq: u32,
+) -> Result<rdmx_verbs::QueuePair> {
+    let mut attr = QpInitAttr::ud(cq, cq);
+    attr.cap = QpCap {
+        max_send_wr: sq,
+        max_recv_wr: rq,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&attr)?;
+    bring_up(&qp)?;
+    Ok(qp)
 }
 
 /// RESET -> INIT -> RTR -> RTS for a UD queue pair with the rdmx Q_Key.

@@ -14,12 +14,12 @@ use rdmx_core::worker::{Cx, Message, Transport, TransportId, Wait, WaitSlot, Wor
 use rdmx_core::{Buf, Config, Error, Result};
 use rdmx_verbs::ah::GRH_LEN;
 use rdmx_verbs::{
-    AddressHandle, AhAttr, AsyncEvent, CompletionQueue, Gid, ProtectionDomain, QpCap, QpInitAttr,
-    Qpn, QueuePair, RecvWr, SendWr, WcStatus, WorkCompletion,
+    AddressHandle, AhAttr, AsyncEvent, CompletionQueue, Gid, ProtectionDomain, Qpn, QueuePair,
+    RecvWr, SendWr, WcStatus, WorkCompletion,
 };
 use slab::Slab;
 
-use crate::attach::{QKEY, UdTransport, bring_up};
+use crate::attach::{QKEY, UdTransport, ud_qp};
 use crate::mcast::wire::{Header, group_id};
 use crate::mcast::{Dest, McastConfig, McastEvent, McastStats, Member};
 use crate::seq::Seq;
@@ -143,16 +143,7 @@ impl Group {
             let depth = cfg.srq_depth.max(64);
             let sq_depth = 256u32;
             let cq = vctx.create_cq(((depth + sq_depth) * 2) as usize, Some(w.channel()))?;
-            let mut attr = QpInitAttr::ud(&cq, &cq);
-            attr.cap = QpCap {
-                max_send_wr: sq_depth,
-                max_recv_wr: depth,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            };
-            let qp = pd.create_qp(&attr)?;
-            bring_up(&qp)?;
+            let qp = ud_qp(&pd, &cq, sq_depth, depth)?;
             qp.attach_mcast(mgid, 0)?;
             let to_group = pd.create_ah(&AhAttr::new(mgid))?;
             pool.reserve(pool.footprint_of(depth as usize, UdTransport::RECV_BUF_SIZE));

@@ -22,6 +22,18 @@ fn member(name: &str) -> (Worker, WorkerHandle, Group) {
     (w, h, g)
 }
 
+/// Waits until `publisher` heard of `members` members.
+fn formed(publisher: &Group, members: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while publisher.receivers() < members {
+        assert!(
+            Instant::now() < deadline,
+            "the members never said they were there"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn msg(n: u32, len: usize) -> Vec<u8> {
     let mut m: Vec<u8> = (0..len).map(|i| (i as u32 * 5 + n) as u8).collect();
     if len >= 4 {
@@ -37,14 +49,7 @@ fn every_member_gets_every_message_once_and_in_order_on_loopback() {
     let (_wb, _hb, b) = member(&name);
     let (_wc, _hc, c) = member(&name);
     // The group forms: the publisher hears of both members.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a.receivers() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the members never said they were there"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    formed(&a, 2);
     let sizes = [0usize, 8, 100, 4000, 9000, 30_000];
     let n = 600u32;
     let publisher = std::thread::spawn(move || {
@@ -114,14 +119,7 @@ fn a_member_that_stops_reading_is_removed_and_the_others_go_on() {
     let (_wa, _ha, a) = member(&name);
     let (_wb, _hb, b) = member(&name);
     let (_wc, _hc, c) = member(&name);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a.receivers() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the members never said they were there"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    formed(&a, 2);
     let (c_id, n) = (c.member_id(), 3000u32);
     let publisher = std::thread::spawn(move || {
         for i in 0..n {

@@ -13,6 +13,10 @@
 //! `RDMX_MCAST_SIM_SEEDS=<n>` (default 300), `RDMX_MCAST_SIM_SEED=<n>` replays one.
 #![expect(clippy::indexing_slicing, reason = "test: members by index")]
 
+mod common;
+
+use common::Rng;
+
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
@@ -20,28 +24,6 @@ use std::time::{Duration, Instant};
 use rdmx_ud::Seq;
 use rdmx_ud::mcast::wire::{Header, group_id};
 use rdmx_ud::mcast::{Dest, McastConfig, McastEvent, Member, RemovedWhy};
-
-/// A deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trouble {
