@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmx_core::pool::{BufferPool, PostKey};
-use rdmx_core::worker::{Cx, Message, Transport, TransportId, Wait, WaitSlot, Worker, wait_until};
+use rdmx_core::worker::{
+    Cx, Message, Transport, TransportId, Wait, WaitSlot, Worker, WorkerState, wait_until,
+};
 use rdmx_core::{Buf, Config, Error, Result};
 use rdmx_verbs::ah::GRH_LEN;
 use rdmx_verbs::{
@@ -236,25 +238,36 @@ impl Group {
     /// As [`try_publish`](Self::try_publish), and `Timeout`.
     pub fn publish_timeout(&self, msg: &[u8], timeout: Duration) -> Result<()> {
         let wait = Wait::endpoint(self.f.tid, 0);
-        wait_until(&self.w, wait, Some(timeout), |ws| {
-            let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
-            let mut cx = core.cx(&self.w, self.f.tid);
-            let GroupTransport { f, st } = t;
-            match st.member.publish(msg) {
-                Ok(()) => {
-                    let now = cx.now();
-                    f.after(st, &mut cx, now);
-                    Some(Ok(()))
-                }
-                Err(SendError::WouldBlock) => None,
-                Err(SendError::TooLarge { len, max }) => {
-                    Some(Err(Error::MessageTooLarge { len, max }))
-                }
-                Err(SendError::Closed) => {
-                    Some(Err(Error::InvalidArgument("the group was left".into())))
-                }
+        wait_until(&self.w, wait, Some(timeout), |ws| self.publish_on(ws, msg))
+    }
+
+    /// Publishes, waiting for room without blocking the thread (feature `tokio`).
+    /// Cancellation is safe: a message is copied when it is accepted.
+    ///
+    /// # Errors
+    /// As [`try_publish`](Self::try_publish).
+    #[cfg(feature = "tokio")]
+    pub async fn publish_async(&self, msg: &[u8]) -> Result<()> {
+        rdmx_core::worker::wait_async(&self.w, |ws| self.publish_on(ws, msg)).await
+    }
+
+    /// One attempt to publish, the worker's lock held (`None`: no room yet).
+    fn publish_on(&self, ws: &mut WorkerState, msg: &[u8]) -> Option<Result<()>> {
+        let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
+        let mut cx = core.cx(&self.w, self.f.tid);
+        let GroupTransport { f, st } = t;
+        match st.member.publish(msg) {
+            Ok(()) => {
+                let now = cx.now();
+                f.after(st, &mut cx, now);
+                Some(Ok(()))
             }
-        })
+            Err(SendError::WouldBlock) => None,
+            Err(SendError::TooLarge { len, max }) => Some(Err(Error::MessageTooLarge { len, max })),
+            Err(SendError::Closed) => {
+                Some(Err(Error::InvalidArgument("the group was left".into())))
+            }
+        }
     }
 
     /// The next message of any publisher, with the publisher's member id.
@@ -279,15 +292,28 @@ impl Group {
     /// `Timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>)> {
         let wait = Wait::message(self.f.tid, 0);
-        wait_until(&self.w, wait, Some(timeout), |ws| {
-            let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
-            let mut cx = core.cx(&self.w, self.f.tid);
-            let GroupTransport { f, st } = t;
-            let m = st.member.recv()?;
-            let now = cx.now();
-            f.after(st, &mut cx, now);
-            Some(Ok(m))
-        })
+        wait_until(&self.w, wait, Some(timeout), |ws| self.recv_on(ws))
+    }
+
+    /// The next message of any publisher, without blocking the thread (feature `tokio`).
+    /// Cancellation is safe: a message not taken stays queued.
+    ///
+    /// # Errors
+    /// None yet (the signature leaves room for the group's end).
+    #[cfg(feature = "tokio")]
+    pub async fn recv_async(&self) -> Result<(u32, Vec<u8>)> {
+        rdmx_core::worker::wait_async(&self.w, |ws| self.recv_on(ws)).await
+    }
+
+    /// One look for a message, the worker's lock held.
+    fn recv_on(&self, ws: &mut WorkerState) -> Option<Result<(u32, Vec<u8>)>> {
+        let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
+        let mut cx = core.cx(&self.w, self.f.tid);
+        let GroupTransport { f, st } = t;
+        let m = st.member.recv()?;
+        let now = cx.now();
+        f.after(st, &mut cx, now);
+        Some(Ok(m))
     }
 
     /// The next event of the group (members removed, publishers joined or gone, losses).
