@@ -154,6 +154,58 @@ fn run(seed: u64) -> Result<Outcome, String> {
         "loss {loss} src {src_loss} dup {dup} jitter {jitter_us} n {n} pubs {publishers} {trouble:?} window {} dgram {} queued {}",
         cfg.window, cfg.max_datagram, cfg.max_queued
     );
+    // What every member has to send goes on the wire (at `now`). Run after the applications
+    // and again after the deliveries of a step, before the timers: the engine sends after
+    // every event, which consumes the timers sending handles (joins, heartbeats, statuses)
+    // before they are due.
+    macro_rules! send_all {
+        () => {
+            for i in 0..n {
+                while let Some((dest, len)) = members[i].poll_transmit(now, &mut buf) {
+                    if cut[i] {
+                        continue;
+                    }
+                    let d = &buf[..len];
+                    let is_data = d.get(1) == Some(&1);
+                    let targets: Vec<usize> = match dest {
+                        Dest::Group if r.chance(src_loss) => Vec::new(),
+                        Dest::Group => (0..n).filter(|&j| j != i).collect(),
+                        Dest::Member(m) => vec![(m - 100) as usize],
+                    };
+                    for j in targets {
+                        if cut[j] {
+                            continue;
+                        }
+                        if r.chance(loss) {
+                            if is_data {
+                                out.lost_copies += 1;
+                            }
+                            continue;
+                        }
+                        let copies = if r.chance(dup) { 2 } else { 1 };
+                        for _ in 0..copies {
+                            let at = ns(now) + 1_000 * (5 + r.below(jitter_us + 1));
+                            order += 1;
+                            wire.push(Reverse((at, order, j, d.to_vec())));
+                        }
+                    }
+                    // Now and then something hostile to a member.
+                    if r.chance(0.005) {
+                        let mut bad = d.to_vec();
+                        match r.below(4) {
+                            0 => bad[4] ^= 0x5a,  // another group
+                            1 => bad[12] ^= 0x01, // a stream its sender does not own
+                            2 => bad.truncate(r.below(bad.len() as u64) as usize),
+                            _ => bad[1] = 0x77, // garbage kind
+                        }
+                        order += 1;
+                        let j = r.below(n as u64) as usize;
+                        wire.push(Reverse((ns(now) + 2_000, order, j, bad)));
+                    }
+                }
+            }
+        };
+    }
     loop {
         out.steps += 1;
         if out.steps > 2_000_000 {
@@ -283,51 +335,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
                 ));
             }
         }
-        // Datagrams out.
-        for i in 0..n {
-            while let Some((dest, len)) = members[i].poll_transmit(now, &mut buf) {
-                if cut[i] {
-                    continue;
-                }
-                let d = &buf[..len];
-                let is_data = d.get(1) == Some(&1);
-                let targets: Vec<usize> = match dest {
-                    Dest::Group if r.chance(src_loss) => Vec::new(),
-                    Dest::Group => (0..n).filter(|&j| j != i).collect(),
-                    Dest::Member(m) => vec![(m - 100) as usize],
-                };
-                for j in targets {
-                    if cut[j] {
-                        continue;
-                    }
-                    if r.chance(loss) {
-                        if is_data {
-                            out.lost_copies += 1;
-                        }
-                        continue;
-                    }
-                    let copies = if r.chance(dup) { 2 } else { 1 };
-                    for _ in 0..copies {
-                        let at = ns(now) + 1_000 * (5 + r.below(jitter_us + 1));
-                        order += 1;
-                        wire.push(Reverse((at, order, j, d.to_vec())));
-                    }
-                }
-                // Now and then something hostile to a member.
-                if r.chance(0.005) {
-                    let mut bad = d.to_vec();
-                    match r.below(4) {
-                        0 => bad[4] ^= 0x5a,  // another group
-                        1 => bad[12] ^= 0x01, // a stream its sender does not own
-                        2 => bad.truncate(r.below(bad.len() as u64) as usize),
-                        _ => bad[1] = 0x77, // garbage kind
-                    }
-                    order += 1;
-                    let j = r.below(n as u64) as usize;
-                    wire.push(Reverse((ns(now) + 2_000, order, j, bad)));
-                }
-            }
-        }
+        send_all!();
         // The next event.
         let mut next = wire
             .peek()
@@ -355,6 +363,7 @@ fn run(seed: u64) -> Result<Outcome, String> {
                 members[to].handle_datagram(now, &h, p);
             }
         }
+        send_all!();
         for m in &mut members {
             if m.poll_timeout().is_some_and(|t| t <= now) {
                 m.handle_timeout(now);
