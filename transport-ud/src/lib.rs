@@ -28,6 +28,7 @@ mod exchange;
 mod grants;
 pub mod group;
 pub mod mcast;
+mod outbox;
 pub mod seq;
 pub mod session;
 mod setup;

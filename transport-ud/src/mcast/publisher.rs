@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use super::wire::{HEADER_LEN, Header, Kind, flags};
 use super::{Dest, McastConfig, McastEvent, RemovedWhy};
+use crate::outbox::{Cut, Outbox};
 use crate::seq::Seq;
 use crate::session::SendError;
-use crate::wire::PACKED_ENTRY_LEN;
 
 /// A datagram of the stream, kept until every live member has it.
 struct Kept {
@@ -50,11 +50,8 @@ struct Receiver {
 /// The publishing side of a member.
 pub(super) struct Publisher {
     pub(super) epoch: u32,
-    /// Messages not yet cut into datagrams, and their bytes.
-    queue: VecDeque<Vec<u8>>,
-    queued_bytes: usize,
-    /// Bytes of the queue's first message already in datagrams.
-    head_off: usize,
+    /// Messages not yet cut into datagrams.
+    outbox: Outbox,
     /// The oldest datagram kept (`ring[0]`).
     base: Seq,
     next_seq: Seq,
@@ -76,7 +73,7 @@ impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
             .field("epoch", &self.epoch)
-            .field("queued", &(self.queue.len(), self.queued_bytes))
+            .field("queued", &self.outbox.bytes())
             .field("base", &self.base.0)
             .field("next_seq", &self.next_seq.0)
             .field("ring", &self.ring)
@@ -91,9 +88,7 @@ impl Publisher {
     pub(super) fn new(epoch: u32, first: Seq) -> Self {
         Self {
             epoch,
-            queue: VecDeque::new(),
-            queued_bytes: 0,
-            head_off: 0,
+            outbox: Outbox::default(),
             base: first,
             next_seq: first,
             ring: VecDeque::new(),
@@ -114,17 +109,16 @@ impl Publisher {
                 max: cfg.max_message,
             });
         }
-        if self.queued_bytes > 0 && self.queued_bytes + msg.len() > cfg.max_queued {
+        if self.outbox.bytes() > 0 && self.outbox.bytes() + msg.len() > cfg.max_queued {
             return Err(SendError::WouldBlock);
         }
-        self.queued_bytes += msg.len();
-        self.queue.push_back(msg.to_vec());
+        self.outbox.push(msg);
         Ok(())
     }
 
     /// Bytes queued and not yet in datagrams.
     pub(super) fn queued_bytes(&self) -> usize {
-        self.queued_bytes
+        self.outbox.bytes()
     }
 
     /// Live members the stream is paced by.
@@ -230,43 +224,23 @@ impl Publisher {
     /// Cuts the next datagram's payload from the queue: a segment of the first message, or
     /// several small whole messages packed.
     fn next_payload(&mut self, cfg: &McastConfig) -> Option<(u8, Vec<u8>)> {
-        let room = cfg.max_datagram - HEADER_LEN;
-        let packable = |n: usize| n <= cfg.pack_max && n <= usize::from(u16::MAX);
-        let two_fit = self.head_off == 0
-            && matches!((self.queue.front(), self.queue.get(1)),
-                (Some(a), Some(b)) if packable(a.len()) && packable(b.len())
-                    && 2 * PACKED_ENTRY_LEN + a.len() + b.len() <= room);
-        if two_fit {
-            let mut p = Vec::with_capacity(room);
-            while let Some(m) = self.queue.front() {
-                if !packable(m.len()) || p.len() + PACKED_ENTRY_LEN + m.len() > room {
-                    break;
+        Some(
+            match self
+                .outbox
+                .cut(cfg.max_datagram - HEADER_LEN, cfg.pack_max)?
+            {
+                Cut::Packed { payload, .. } => (flags::PACKED, payload),
+                Cut::Segment {
+                    first,
+                    last,
+                    payload,
+                } => {
+                    let fl =
+                        if first { flags::FIRST } else { 0 } | if last { flags::LAST } else { 0 };
+                    (fl, payload)
                 }
-                p.extend_from_slice(&(m.len() as u16).to_be_bytes());
-                p.extend_from_slice(m);
-                self.queued_bytes -= m.len();
-                self.queue.pop_front();
-            }
-            return Some((flags::PACKED, p));
-        }
-        let msg = self.queue.front()?;
-        let len = msg.len();
-        let mut fl = 0;
-        let mut p = Vec::with_capacity(room.min(len + 4));
-        if self.head_off == 0 {
-            fl |= flags::FIRST;
-            p.extend_from_slice(&(len as u32).to_be_bytes());
-        }
-        let take = (room - p.len()).min(len - self.head_off);
-        p.extend_from_slice(&msg[self.head_off..self.head_off + take]);
-        self.head_off += take;
-        if self.head_off == len {
-            fl |= flags::LAST;
-            self.head_off = 0;
-            self.queued_bytes -= len;
-            self.queue.pop_front();
-        }
-        Some((fl, p))
+            },
+        )
     }
 
     /// Drops what is more than a window old. (The last window is always kept: every live

@@ -74,7 +74,7 @@ impl Session {
             // Give back what we will not use: only with nothing queued and nothing in
             // flight (then every packet we sent has arrived, and the peer may count the
             // unused numbers as received too).
-            let idle = !self.has_unsent() && self.inflight.is_empty() && self.head_off == 0;
+            let idle = !self.has_unsent() && self.inflight.is_empty() && !self.outbox.mid_message();
             if idle {
                 if self.peer_credit.since(self.next_seq) > 0 {
                     self.next_seq = self.peer_credit;

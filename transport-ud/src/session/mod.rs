@@ -31,8 +31,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::outbox::{Cut, Outbox};
 use crate::seq::Seq;
-use crate::wire::{self, HEADER_LEN, Header, Kind, MSG_LEN_PREFIX, PACKED_ENTRY_LEN, flags};
+use crate::wire::{self, HEADER_LEN, Header, Kind, MSG_LEN_PREFIX, flags};
 
 mod credit;
 mod types;
@@ -75,10 +76,8 @@ pub struct Session {
     peer_id: u32,
     peer_token: u32,
 
-    queue: VecDeque<Vec<u8>>,
-    queued_bytes: usize,
-    /// Bytes of the queue's first message already sent.
-    head_off: usize,
+    /// Messages accepted and not yet wholly sent.
+    outbox: Outbox,
     /// The application closed this side.
     local_close: bool,
     /// Our `Fin` is due (the application closed, or the peer did and we answer).
@@ -155,9 +154,7 @@ impl Session {
             token,
             peer_id,
             peer_token,
-            queue: VecDeque::new(),
-            queued_bytes: 0,
-            head_off: 0,
+            outbox: Outbox::default(),
             local_close: false,
             closed_here: false,
             fin_sent: false,
@@ -218,11 +215,10 @@ impl Session {
                 max: self.cfg.max_message,
             });
         }
-        if !self.queue.is_empty() && self.queued_bytes + msg.len() > self.cfg.max_queued {
+        if !self.outbox.is_empty() && self.outbox.bytes() + msg.len() > self.cfg.max_queued {
             return Err(SendError::WouldBlock);
         }
-        self.queued_bytes += msg.len();
-        self.queue.push_back(msg.to_vec());
+        self.outbox.push(msg);
         Ok(())
     }
 
@@ -308,7 +304,7 @@ impl Session {
 
     /// Bytes queued and not yet sent.
     pub fn queued_bytes(&self) -> usize {
-        self.queued_bytes
+        self.outbox.bytes()
     }
 
     /// Datagrams sent and not yet acknowledged.
@@ -455,58 +451,31 @@ impl Session {
     }
 
     fn has_unsent(&self) -> bool {
-        !self.queue.is_empty() || (self.closed_here && !self.fin_sent)
+        !self.outbox.is_empty() || (self.closed_here && !self.fin_sent)
     }
 
     /// The payload of the next new datagram: a segment of the first queued message, several
     /// small messages packed, or the `Fin`.
     fn next_payload(&mut self, room: usize) -> Option<(Kind, u8, Vec<u8>)> {
-        let first_len = self.queue.front().map(Vec::len);
-        let Some(len) = first_len else {
-            if self.closed_here && !self.fin_sent {
+        match self.outbox.cut(room, self.cfg.pack_max) {
+            Some(Cut::Packed { payload, messages }) => {
+                self.stats.packed += messages;
+                Some((Kind::Packed, 0, payload))
+            }
+            Some(Cut::Segment {
+                first,
+                last,
+                payload,
+            }) => {
+                let fl = if first { flags::FIRST } else { 0 } | if last { flags::LAST } else { 0 };
+                Some((Kind::Data, fl, payload))
+            }
+            None if self.closed_here && !self.fin_sent => {
                 self.fin_sent = true;
-                return Some((Kind::Fin, 0, Vec::new()));
+                Some((Kind::Fin, 0, Vec::new()))
             }
-            return None;
-        };
-        let packable = |n: usize| n <= self.cfg.pack_max && n <= usize::from(u16::MAX);
-        let second_fits = self
-            .queue
-            .get(1)
-            .is_some_and(|m| packable(m.len()) && 2 * PACKED_ENTRY_LEN + len + m.len() <= room);
-        if self.head_off == 0 && packable(len) && second_fits {
-            let mut p = Vec::with_capacity(room);
-            let mut count = 0;
-            while let Some(m) = self.queue.front() {
-                if !packable(m.len()) || p.len() + PACKED_ENTRY_LEN + m.len() > room {
-                    break;
-                }
-                p.extend_from_slice(&(m.len() as u16).to_be_bytes());
-                p.extend_from_slice(m);
-                self.queued_bytes -= m.len();
-                self.queue.pop_front();
-                count += 1;
-            }
-            self.stats.packed += count;
-            return Some((Kind::Packed, 0, p));
+            None => None,
         }
-        let msg = self.queue.front()?;
-        let mut fl = 0;
-        let mut p = Vec::with_capacity(room);
-        if self.head_off == 0 {
-            fl |= flags::FIRST;
-            p.extend_from_slice(&(len as u32).to_be_bytes());
-        }
-        let take = (room - p.len()).min(len - self.head_off);
-        p.extend_from_slice(&msg[self.head_off..self.head_off + take]);
-        self.head_off += take;
-        if self.head_off == len {
-            fl |= flags::LAST;
-            self.queued_bytes -= len;
-            self.head_off = 0;
-            self.queue.pop_front();
-        }
-        Some((Kind::Data, fl, p))
     }
 
     /// The retransmission timeout now: doubling from `rto` with every timeout in a row, up
@@ -737,8 +706,7 @@ impl Session {
         self.dead = Some(cause);
         self.inflight.clear();
         self.retransmit.clear();
-        self.queue.clear();
-        self.queued_bytes = 0;
+        self.outbox.clear();
         self.rto_at = None;
     }
 
@@ -750,7 +718,7 @@ impl Session {
                 *q = VecDeque::new();
             }
         }
-        shrink(&mut self.queue);
+        self.outbox.shrink();
         shrink(&mut self.inflight);
         shrink(&mut self.retransmit);
         shrink(&mut self.ahead);
