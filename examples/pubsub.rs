@@ -78,8 +78,8 @@ fn publish(topic: &str, messages: &[String]) -> Result<(), Box<dyn StdError>> {
     for l in &lines {
         g.publish_timeout(l.as_bytes(), Duration::from_secs(10))?;
     }
-    // Stay until the members have it (their positions reached the end), briefly.
-    std::thread::sleep(Duration::from_millis(200));
+    // Until every member has taken everything.
+    g.flush_timeout(Duration::from_secs(10))?;
     Ok(())
 }
 
@@ -246,7 +246,7 @@ fn bench(o: &BenchOptions) -> Result<BenchReport, Box<dyn StdError>> {
                     Err(_) => {}
                 }
             }
-            (lat, lost, g.stats().0.naks_sent)
+            (lat, lost, g.stats().naks_sent)
         }));
     }
     // The publisher, with a live line once a second.
@@ -314,7 +314,7 @@ fn bench(o: &BenchOptions) -> Result<BenchReport, Box<dyn StdError>> {
             .map_or(0.0, |&ns| ns as f64 / 1e3)
     };
     (r.p50_us, r.p99_us, r.p999_us) = (q(0.5), q(0.99), q(0.999));
-    r.repairs_sent = publisher.stats().0.repairs_sent;
+    r.repairs_sent = publisher.stats().repairs_sent;
     r.removed = std::iter::from_fn(|| publisher.poll_event())
         .filter(|e| matches!(e, McastEvent::MemberRemoved { .. }))
         .count() as u64;

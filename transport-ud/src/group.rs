@@ -14,7 +14,7 @@ use rdmx_core::worker::{
     Cx, Message, Transport, TransportId, Wait, WaitSlot, Worker, WorkerState, wait_until,
 };
 use rdmx_core::{Buf, Config, Error, Result};
-use rdmx_verbs::ah::GRH_LEN;
+use rdmx_verbs::ah::{GRH_LEN, grh_source};
 use rdmx_verbs::{
     AddressHandle, AhAttr, AsyncEvent, CompletionQueue, Gid, ProtectionDomain, Qpn, QueuePair,
     RecvWr, SendWr, WcStatus, WorkCompletion,
@@ -60,16 +60,33 @@ struct GroupState {
     member: Member,
     recv_slots: Slab<Buf>,
     send_slots: Slab<Buf>,
-    /// Members' unicast addresses, from their datagrams.
-    members: HashMap<u32, (AddressHandle, Qpn)>,
+    /// Members' unicast addresses, from their first datagrams: a member id is bound to the
+    /// address it was first heard from until it leaves or is removed.
+    members: HashMap<u32, Peer>,
     events: VecDeque<McastEvent>,
     wait: WaitSlot,
     wc: Vec<WorkCompletion>,
     scratch: Vec<u8>,
     /// Datagrams that could not be posted (no buffer or send slot; no address yet).
     send_dropped: u64,
+    /// Datagrams not of the multicast format.
+    malformed: u64,
+    /// Datagrams naming a member heard from elsewhere.
+    forged: u64,
     left: bool,
 }
+
+/// Where a member's datagrams come from (IP address, UDP port of its device, queue pair),
+/// and how to answer it.
+#[derive(Debug)]
+struct Peer {
+    from: Origin,
+    ah: AddressHandle,
+    qpn: Qpn,
+}
+
+/// The sender of a datagram, as its completion and GRH tell.
+type Origin = (std::net::IpAddr, u16, Qpn);
 
 /// The group as its worker holds it.
 #[derive(Debug)]
@@ -183,6 +200,8 @@ impl Group {
                 wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
                 scratch: vec![0; max_datagram],
                 send_dropped: 0,
+                malformed: 0,
+                forged: 0,
                 left: false,
             };
             for _ in 0..depth {
@@ -270,6 +289,33 @@ impl Group {
         }
     }
 
+    /// Waits up to `timeout` until every message this member published was sent and taken
+    /// by the application of every live member (members removed meanwhile are not waited
+    /// for). Call it before leaving to be sure the members have everything: leaving does
+    /// not wait, and members report a publisher that left with messages still on their
+    /// way as gone.
+    ///
+    /// # Errors
+    /// `Timeout`.
+    pub fn flush_timeout(&self, timeout: Duration) -> Result<()> {
+        let wait = Wait::endpoint(self.f.tid, 0);
+        wait_until(&self.w, wait, Some(timeout), |ws| self.flushed_on(ws))
+    }
+
+    /// [`flush_timeout`](Self::flush_timeout) without blocking the thread (feature `tokio`).
+    ///
+    /// # Errors
+    /// None yet (the signature leaves room for the group's end).
+    #[cfg(feature = "tokio")]
+    pub async fn flush_async(&self) -> Result<()> {
+        rdmx_core::worker::wait_async(&self.w, |ws| self.flushed_on(ws)).await
+    }
+
+    fn flushed_on(&self, ws: &mut WorkerState) -> Option<Result<()>> {
+        let (t, _) = ws.transport::<GroupTransport>(self.f.tid)?;
+        t.st.member.flushed().then_some(Ok(()))
+    }
+
     /// The next message of any publisher, with the publisher's member id.
     ///
     /// # Errors
@@ -321,10 +367,14 @@ impl Group {
         with(&self.w, &self.f, |_, st, _| st.events.pop_front())
     }
 
-    /// Counters: the protocol's, and datagrams this member could not send.
-    pub fn stats(&self) -> (McastStats, u64) {
-        with(&self.w, &self.f, |_, st, _| {
-            (st.member.stats(), st.send_dropped)
+    /// Counters: the protocol's, and the datagrams this member dropped on the way in
+    /// (malformed, forged) or could not send.
+    pub fn stats(&self) -> McastStats {
+        with(&self.w, &self.f, |_, st, _| McastStats {
+            malformed: st.malformed,
+            forged: st.forged,
+            send_dropped: st.send_dropped,
+            ..st.member.stats()
         })
     }
 
@@ -367,15 +417,13 @@ impl Fixed {
                 let len = (c.byte_len as usize).min(buf.len());
                 let grh = buf.get(..GRH_LEN).unwrap_or_default();
                 let data = buf.get(GRH_LEN..len).unwrap_or_default();
-                if let Ok((h, payload)) = Header::parse(data) {
-                    // Where its statuses and requests come from: its unicast address.
-                    if !st.members.contains_key(&h.source)
-                        && st.members.len() < MAX_MEMBERS
-                        && let Ok(ah) = AddressHandle::from_work_completion(&self.pd, 1, c, grh)
-                    {
-                        st.members.insert(h.source, (ah, c.src_qp));
+                match Header::parse(data) {
+                    Ok((h, payload)) => {
+                        if self.admit(st, c, grh, &h) {
+                            st.member.handle_datagram(now, &h, payload);
+                        }
                     }
-                    st.member.handle_datagram(now, &h, payload);
+                    Err(_) => st.malformed += 1,
                 }
             }
             if c.status != WcStatus::WrFlushErr
@@ -387,6 +435,45 @@ impl Fixed {
         st.wc = wc;
         self.after(st, cx, now);
         n
+    }
+
+    /// Whether a datagram from `source` may reach the protocol: a member id is bound to the
+    /// address it was first heard from (learned here), and datagrams naming it from another
+    /// address are forgeries (counted and dropped).
+    fn admit(&self, st: &mut GroupState, c: &WorkCompletion, grh: &[u8], h: &Header) -> bool {
+        let Some(ip) = grh_source(grh) else {
+            st.malformed += 1;
+            return false;
+        };
+        let origin: Origin = (ip, c.slid, c.src_qp);
+        if h.source == st.member.id() {
+            // Our own datagrams come back from the group; another queue pair using our id
+            // is a forger.
+            if c.src_qp != self.qp.qp_num() {
+                st.forged += 1;
+            }
+            return false;
+        }
+        if let Some(p) = st.members.get(&h.source) {
+            if p.from != origin {
+                st.forged += 1;
+                return false;
+            }
+            return true;
+        }
+        if st.members.len() < MAX_MEMBERS
+            && let Ok(ah) = AddressHandle::from_work_completion(&self.pd, 1, c, grh)
+        {
+            st.members.insert(
+                h.source,
+                Peer {
+                    from: origin,
+                    ah,
+                    qpn: c.src_qp,
+                },
+            );
+        }
+        true
     }
 
     /// Sends what the member has to send, passes its events on, wakes waiters.
@@ -421,7 +508,7 @@ impl Fixed {
             let (ah, qpn) = match dest {
                 Dest::Group => (&self.to_group, Qpn::MULTICAST),
                 Dest::Member(m) => match st.members.get(&m) {
-                    Some((ah, q)) => (ah, *q),
+                    Some(p) => (&p.ah, p.qpn),
                     None => {
                         st.send_dropped += 1;
                         continue;

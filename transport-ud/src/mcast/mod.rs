@@ -165,6 +165,15 @@ pub struct McastStats {
     pub duplicates: u64,
     /// Datagrams given up on.
     pub lost: u64,
+    /// (Counted by the group over a queue pair.) Datagrams that are not of the multicast
+    /// format (too short, another version, lengths that do not add up).
+    pub malformed: u64,
+    /// (Counted by the group.) Datagrams naming as their source a member already heard from
+    /// another address: forgeries, dropped before the protocol sees them.
+    pub forged: u64,
+    /// (Counted by the group.) Datagrams that could not be sent (no buffer, no send slot,
+    /// no address for the member yet); the protocol repairs what matters.
+    pub send_dropped: u64,
 }
 
 /// One member of one group.
@@ -246,6 +255,12 @@ impl Member {
             }
         }
         None
+    }
+
+    /// Whether everything this member published was sent and taken by every live member
+    /// (those removed or gone meanwhile excepted).
+    pub fn flushed(&self) -> bool {
+        self.publisher.settled()
     }
 
     /// Whether a message waits.

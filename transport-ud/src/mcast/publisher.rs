@@ -126,6 +126,11 @@ impl Publisher {
         self.receivers.len()
     }
 
+    /// Whether everything published was sent and taken by every live member's application.
+    pub(super) fn settled(&self) -> bool {
+        self.outbox.bytes() == 0 && self.receivers.values().all(|r| r.pos == self.next_seq)
+    }
+
     /// Whether the stream waits for `member`.
     pub(super) fn paces(&self, member: u32) -> bool {
         self.receivers.contains_key(&member)

@@ -33,6 +33,9 @@ pub(super) struct Stream {
     /// Joined in the middle of a message: its segments are skipped until one opens a
     /// message.
     skipping: bool,
+    /// A message was delivered: from then on, what is skipped is lost (before, the stream
+    /// merely starts later: a late joiner's live position moved on while it asked).
+    started: bool,
     /// A NAK for the first gap is due then (or was sent, and is asked again then).
     nak_at: Option<Instant>,
     /// NAKs in a row for the same gap (each waits twice as long as the one before).
@@ -87,6 +90,7 @@ impl Stream {
             partial: None,
             inbox: VecDeque::new(),
             skipping: true,
+            started: false,
             nak_at: None,
             naks: 0,
             status_at: now,
@@ -180,7 +184,9 @@ impl Stream {
     fn skip_to(&mut self, to: Seq) {
         let gap = to.since(self.rcv_next);
         if gap > 0 {
-            self.lost += gap as u64;
+            if self.started {
+                self.lost += gap as u64;
+            }
             self.rcv_next = to;
             self.partial = None;
             self.skipping = true;
@@ -229,6 +235,7 @@ impl Stream {
                 }
                 for m in entries {
                     self.inbox.push_back((m.to_vec(), seq));
+                    self.started = true;
                 }
                 continue;
             }
@@ -276,6 +283,7 @@ impl Stream {
                     return Err("a message shorter than it said".into());
                 }
                 self.inbox.push_back((p.bytes, p.start));
+                self.started = true;
             }
         }
         Ok(())

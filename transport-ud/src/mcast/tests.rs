@@ -214,3 +214,112 @@ fn foreign_and_forged_datagrams_are_refused() {
     assert!(ms[1].stats().refused >= 1, "{:?}", ms[1].stats());
     assert!(std::iter::from_fn(|| ms[0].poll_event()).next().is_none());
 }
+
+#[test]
+fn a_publisher_is_flushed_once_every_member_took_everything() {
+    let cfg = cfg();
+    let t0 = Instant::now();
+    let mut ms = members(&cfg, 3, t0);
+    pump(&mut ms, t0, &mut |_, _, _| false);
+    assert!(ms[0].flushed(), "nothing published: flushed");
+    for i in 0..10u32 {
+        ms[0].publish(&i.to_be_bytes()).unwrap();
+    }
+    assert!(!ms[0].flushed());
+    pump(&mut ms, t0, &mut |_, _, _| false);
+    // Delivered, not taken by member 2's application yet: statuses say so.
+    assert_eq!(drain(&mut ms[1]).len(), 10);
+    let t1 = t0 + cfg.status_interval * 2;
+    for m in &mut ms {
+        m.handle_timeout(t1);
+    }
+    pump(&mut ms, t1, &mut |_, _, _| false);
+    assert!(!ms[0].flushed(), "member 2 has not taken its messages");
+    assert_eq!(drain(&mut ms[2]).len(), 10);
+    let t2 = t1 + cfg.status_interval * 2;
+    for m in &mut ms {
+        m.handle_timeout(t2);
+    }
+    pump(&mut ms, t2, &mut |_, _, _| false);
+    assert!(ms[0].flushed());
+}
+
+#[test]
+fn a_late_joiner_whose_start_moved_on_has_lost_nothing() {
+    let cfg = McastConfig { window: 8, ..cfg() };
+    let t0 = Instant::now();
+    let mut ms = members(&cfg, 2, t0);
+    pump(&mut ms, t0, &mut |_, _, _| false);
+    for i in 0..30u32 {
+        ms[0].publish(&i.to_be_bytes()).unwrap();
+    }
+    let mut taken = 0;
+    let mut t = t0;
+    for _ in 0..40 {
+        pump(&mut ms, t, &mut |_, _, _| false);
+        taken += drain(&mut ms[1]).len();
+        t += cfg.status_interval;
+        for m in ms.iter_mut() {
+            m.handle_timeout(t);
+        }
+    }
+    assert_eq!(taken, 30);
+    // A newcomer hears the stream first at a datagram far from the oldest kept; the
+    // publisher goes on (it does not wait for a member it has not heard of) and the floor
+    // passes the newcomer's start before any repair comes.
+    // (The newcomer never speaks: the publisher does not know of it.)
+    let mut late = Member::new(cfg.clone(), 99, 5, Seq(0), t0);
+    let mut buf = vec![0u8; 4096];
+    let mut missed_one = false;
+    for i in 30..60u32 {
+        ms[0].publish(&i.to_be_bytes()).unwrap();
+        for _ in 0..4 {
+            t += cfg.status_interval;
+            for m in ms.iter_mut() {
+                m.handle_timeout(t);
+            }
+            while let Some((_, n)) = ms[0].poll_transmit(t, &mut buf) {
+                let (h, p) = Header::parse(&buf[..n]).unwrap();
+                // The newcomer misses the first data datagram it hears of.
+                if h.kind == super::wire::Kind::Data && !missed_one {
+                    missed_one = true;
+                } else {
+                    late.handle_datagram(t, &h, p);
+                }
+                ms[1].handle_datagram(t, &h, p);
+            }
+            drain(&mut ms[1]);
+            while let Some((_, n)) = ms[1].poll_transmit(t, &mut buf) {
+                let (h, p) = Header::parse(&buf[..n]).unwrap();
+                ms[0].handle_datagram(t, &h, p);
+            }
+        }
+    }
+    // Now the newcomer speaks: it asks for what it misses from where it stands.
+    ms.push(late);
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        t += cfg.status_interval;
+        for m in ms.iter_mut() {
+            m.handle_timeout(t);
+        }
+        pump(&mut ms, t, &mut |_, _, _| false);
+        drain(&mut ms[1]);
+        got.extend(drain(&mut ms[2]));
+    }
+    let mut late = ms.pop().unwrap();
+    assert!(!got.is_empty(), "{late:#?}");
+    let firsts: Vec<u32> = got
+        .iter()
+        .map(|(_, m)| u32::from_be_bytes(m[..4].try_into().unwrap()))
+        .collect();
+    let start = firsts[0];
+    let end = start + firsts.len() as u32;
+    assert_eq!(firsts, (start..end).collect::<Vec<_>>(), "a gapless run");
+    assert!(start > 31, "it started where the publisher was ({start})");
+    assert_eq!(late.stats().lost, 0, "its start moved on: nothing lost");
+    assert!(
+        !std::iter::from_fn(|| late.poll_event()).any(|e| matches!(e, McastEvent::Lost { .. })),
+        "no loss reported"
+    );
+}

@@ -28,6 +28,10 @@
 //!   `RECV <seq> <ns> port=<n>` per message (`port`: the QP's primary port when the
 //!   completion was polled).
 //!
+//! * `group-pub` / `group-sub` / `group-garbage` (see `group.rs`): members of an `rdmx`
+//!   multicast group (one publishing a numbered stream, the others checking it), and a
+//!   stranger sending malformed and forged datagrams to the group's address.
+//!
 //! * `msg-server` / `msg-client` (see `msg.rs`): the same two-link set-up through the
 //!   message layer: an `rdmx` endpoint with an alternate path, a numbered stream, and the
 //!   message-layer events (`EVENT PathMigrated ...`).
@@ -38,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 mod apm;
+mod group;
 mod mcast;
 mod msg;
 
@@ -174,7 +179,7 @@ fn watchdog(role: &str, limit: Duration) {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: rdmx-netns-roles (mcast-recv | mcast-send | apm-server | apm-client | msg-server | msg-client) \
+        "usage: rdmx-netns-roles (mcast-recv | mcast-send | group-pub | group-sub | group-garbage | apm-server | apm-client | msg-server | msg-client) \
          --option value ...   (see the source for the options)"
     );
     ExitCode::from(2)
@@ -212,6 +217,9 @@ fn main() -> ExitCode {
         "apm-client" => apm::client,
         "msg-server" => msg::server,
         "msg-client" => msg::client,
+        "group-pub" => group::publisher,
+        "group-sub" => group::subscriber,
+        "group-garbage" => group::garbage,
         _ => return usage(),
     };
     let args = match Args::parse(&argv[1..]) {

@@ -19,16 +19,16 @@ const SLOT: usize = 2048;
 const SEQ_LEN: usize = 8;
 
 /// A UD queue pair with its resources.
-struct Ud {
+pub(crate) struct Ud {
     ctx: Context,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) qp: QueuePair,
+    pub(crate) mr: MemoryRegion,
 }
 
 /// Opens `device` and brings a UD QP with `depth` send and receive entries to RTS.
-fn ud(device: &str, qkey: u32, depth: usize) -> Res<Ud> {
+pub(crate) fn ud(device: &str, qkey: u32, depth: usize) -> Res<Ud> {
     let ctx = Device::open(device).ctx(&format!("open {device}"))?;
     let pd = ctx.alloc_pd().ctx("alloc_pd")?;
     let cq = ctx.create_cq(2 * depth + 16, None).ctx("create_cq")?;
