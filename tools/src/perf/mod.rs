@@ -8,13 +8,16 @@
 //! * [`server`] / [`client`]: the two roles (and `--local`, which runs both);
 //! * [`report`]: statistics, the table / JSON output and the progress line;
 //! * [`msg`]: the message-layer tests (`--layer msg`: lat, bw, rate), which reuse the
-//!   roles, `--local` and the output of the verbs tests.
+//!   roles, `--local` and the output of the verbs tests;
+//! * [`mcast`]: a multicast group, one publisher and `--subs` subscriber processes
+//!   (`--layer mcast --local`: rate, lat).
 
 mod bw;
 mod client;
 mod endpoint;
 mod exchange;
 mod lat;
+mod mcast;
 mod msg;
 mod report;
 mod server;
@@ -134,6 +137,9 @@ pub(crate) enum Layer {
     Verbs,
     /// `rdmx` endpoints and messages (tests lat, bw, rate).
     Msg,
+    /// A reliable multicast group: one publisher, `--subs` subscribers (tests rate, lat;
+    /// `--local` only).
+    Mcast,
 }
 
 /// The values of `--test`: the verbs-level tests and the message-level ones.
@@ -306,6 +312,21 @@ pub(crate) struct PerfArgs {
     /// Transport [default: rc; with --layer msg, $RDMX_TRANSPORT when set].
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
+    /// --layer mcast: subscribers (processes), each a member of the group.
+    #[arg(long, default_value_t = 1)]
+    subs: usize,
+    /// --layer mcast, lat: messages published per second.
+    #[arg(long, default_value_t = 20_000.0)]
+    mcast_rate: f64,
+    /// --layer mcast: an unreliable group (no repairs, no pacing; losses counted).
+    #[arg(long)]
+    unreliable: bool,
+    /// (The subscriber process of --layer mcast: the group to join.)
+    #[arg(long, hide = true)]
+    mcast_sub: Option<String>,
+    /// (--layer mcast: how long a subscriber waits for the end of the run, in seconds.)
+    #[arg(long, hide = true, default_value_t = 300)]
+    mcast_secs_limit: u64,
 }
 
 /// Parses `4096`, `4K`, `64k`, `1M`, `1G` (binary multiples).
@@ -341,6 +362,9 @@ fn parse_count(s: &str) -> std::result::Result<u64, String> {
 
 /// Runs `rdmx perf`.
 pub(crate) fn run(args: &PerfArgs) -> Result<()> {
+    if args.layer == Layer::Mcast {
+        return mcast::run(args);
+    }
     let modes =
         usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());
     if modes != 1 {
