@@ -69,6 +69,8 @@ struct GroupState {
     scratch: Vec<u8>,
     /// Datagrams that could not be posted (no buffer or send slot; no address yet).
     send_dropped: u64,
+    /// Messages published inside a send batch, not handed to the protocol's sending yet.
+    batched: bool,
     /// Datagrams not of the multicast format.
     malformed: u64,
     /// Datagrams naming a member heard from elsewhere.
@@ -200,6 +202,7 @@ impl Group {
                 wc: vec![WorkCompletion::EMPTY; POLL_BATCH],
                 scratch: vec![0; max_datagram],
                 send_dropped: 0,
+                batched: false,
                 malformed: 0,
                 forged: 0,
                 left: false,
@@ -235,19 +238,7 @@ impl Group {
     /// `Disconnected` after leaving.
     pub fn try_publish(&self, msg: &[u8]) -> Result<()> {
         with(&self.w, &self.f, |f, st, cx| {
-            match st.member.publish(msg) {
-                Ok(()) => {}
-                Err(SendError::WouldBlock) => return Err(Error::WouldBlock),
-                Err(SendError::TooLarge { len, max }) => {
-                    return Err(Error::MessageTooLarge { len, max });
-                }
-                Err(SendError::Closed) => {
-                    return Err(Error::InvalidArgument("the group was left".into()));
-                }
-            }
-            let now = cx.now();
-            f.after(st, cx, now);
-            Ok(())
+            f.publish(st, cx, msg).unwrap_or(Err(Error::WouldBlock))
         })
     }
 
@@ -256,6 +247,11 @@ impl Group {
     /// # Errors
     /// As [`try_publish`](Self::try_publish), and `Timeout`.
     pub fn publish_timeout(&self, msg: &[u8], timeout: Duration) -> Result<()> {
+        // While there is room, no progress first (it polls the device: a system call on
+        // the soft provider); waiting makes progress.
+        if let Some(r) = self.publish_on(&mut self.w.lock(), msg) {
+            return r;
+        }
         let wait = Wait::endpoint(self.f.tid, 0);
         wait_until(&self.w, wait, Some(timeout), |ws| self.publish_on(ws, msg))
     }
@@ -275,18 +271,15 @@ impl Group {
         let (t, core) = ws.transport::<GroupTransport>(self.f.tid)?;
         let mut cx = core.cx(&self.w, self.f.tid);
         let GroupTransport { f, st } = t;
-        match st.member.publish(msg) {
-            Ok(()) => {
-                let now = cx.now();
-                f.after(st, &mut cx, now);
-                Some(Ok(()))
-            }
-            Err(SendError::WouldBlock) => None,
-            Err(SendError::TooLarge { len, max }) => Some(Err(Error::MessageTooLarge { len, max })),
-            Err(SendError::Closed) => {
-                Some(Err(Error::InvalidArgument("the group was left".into())))
-            }
-        }
+        f.publish(st, &mut cx, msg)
+    }
+
+    /// Opens a send batch on this thread (as [`Worker::batch`] does): until the guard is
+    /// dropped, what this thread publishes is queued, and leaves when the batch ends (or
+    /// the queue fills), small messages packed together in datagrams, the datagrams
+    /// together. Delivery and order are those of messages published one by one.
+    pub fn batch(&self) -> rdmx_core::worker::Batch<'_> {
+        self.w.batch()
     }
 
     /// Waits up to `timeout` until every message this member published was sent and taken
@@ -337,6 +330,11 @@ impl Group {
     /// # Errors
     /// `Timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<(u32, Vec<u8>)> {
+        // A message already there is taken without progress first (which polls the device);
+        // waiting makes progress.
+        if let Some(r) = self.recv_on(&mut self.w.lock()) {
+            return r;
+        }
         let wait = Wait::message(self.f.tid, 0);
         wait_until(&self.w, wait, Some(timeout), |ws| self.recv_on(ws))
     }
@@ -390,6 +388,35 @@ impl Group {
 }
 
 impl Fixed {
+    /// One attempt to publish `msg` (`None`: no room yet). Inside a send batch the message
+    /// waits for the batch's end, unless the queue is full.
+    fn publish(&self, st: &mut GroupState, cx: &mut Cx<'_>, msg: &[u8]) -> Option<Result<()>> {
+        let mut r = st.member.publish(msg);
+        if r == Err(SendError::WouldBlock) && st.batched {
+            // The batch filled the queue: what it holds goes now.
+            st.batched = false;
+            let now = cx.now();
+            self.after(st, cx, now);
+            r = st.member.publish(msg);
+        }
+        match r {
+            Ok(()) => {
+                if cx.worker().batch_open() {
+                    st.batched = true;
+                } else {
+                    let now = cx.now();
+                    self.after(st, cx, now);
+                }
+                Some(Ok(()))
+            }
+            Err(SendError::WouldBlock) => None,
+            Err(SendError::TooLarge { len, max }) => Some(Err(Error::MessageTooLarge { len, max })),
+            Err(SendError::Closed) => {
+                Some(Err(Error::InvalidArgument("the group was left".into())))
+            }
+        }
+    }
+
     fn post_recv(&self, st: &mut GroupState, mut buf: Buf) -> Result<()> {
         let cap = buf.capacity();
         buf.set_len(cap)?;
@@ -591,7 +618,12 @@ unsafe impl Transport for GroupTransport {
         (key == 0).then_some(&mut self.st.wait)
     }
 
-    fn flush_batch(&mut self, _cx: &mut Cx<'_>) {}
+    fn flush_batch(&mut self, cx: &mut Cx<'_>) {
+        if std::mem::take(&mut self.st.batched) {
+            let now = cx.now();
+            self.f.after(&mut self.st, cx, now);
+        }
+    }
 
     fn is_idle(&self) -> bool {
         self.st.left && self.st.send_slots.is_empty()

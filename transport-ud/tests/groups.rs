@@ -147,3 +147,42 @@ fn a_member_that_stops_reading_is_removed_and_the_others_go_on() {
         std::iter::from_fn(|| c.poll_event()).any(|e| matches!(e, McastEvent::RemovedBy { .. }));
     assert!(told, "the removed member was not told");
 }
+
+#[test]
+fn messages_published_in_batches_arrive_once_and_in_order() {
+    let name = format!("rdmx-test-batch-{}", std::process::id());
+    let (_wa, _ha, a) = member(&name);
+    let (_wb, _hb, b) = member(&name);
+    formed(&a, 1);
+    let n = 20_000u32;
+    let publisher = std::thread::spawn(move || {
+        // Batches of 100, some filling the queue, and sizes from 0 B to over a datagram.
+        let sizes = [8usize, 0, 24, 8, 5000, 8, 100];
+        for chunk in 0..n / 100 {
+            let _batch = a.batch();
+            for i in chunk * 100..(chunk + 1) * 100 {
+                a.publish_timeout(
+                    &msg(i, sizes[i as usize % sizes.len()].max(4)),
+                    Duration::from_secs(10),
+                )
+                .unwrap_or_else(|e| panic!("publish {i}: {e}: {:?}", a.stats()));
+            }
+        }
+        a.flush_timeout(Duration::from_secs(10)).unwrap();
+        a
+    });
+    for i in 0..n {
+        let (_, m) = b
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("message {i}: {e}: {:?}", b.stats()));
+        assert_eq!(m[..4], i.to_le_bytes(), "message {i} out of order");
+        assert_eq!(m, msg(i, m.len()), "message {i} damaged");
+    }
+    let a = publisher.join().unwrap();
+    assert_eq!(b.stats().lost, 0);
+    assert!(
+        matches!(b.try_recv(), Err(rdmx_core::Error::WouldBlock)),
+        "a message too many"
+    );
+    drop(a);
+}

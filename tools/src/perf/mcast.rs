@@ -3,7 +3,7 @@
 //! started with `--mcast-sub GROUP`), all on this host's soft device.
 //!
 //! * `--test rate`: the publisher publishes `--iters` messages as fast as the group takes
-//!   them; each subscriber reports the messages per second it took, from its first message
+//!   them (in send batches of `--batch`, which pack small messages into shared datagrams); each subscriber reports the messages per second it took, from its first message
 //!   to its last. One send reaches every subscriber: with the subscribers' share of the
 //!   CPU, the per-subscriber rate with N subscribers against one is the fan-out.
 //! * `--test lat`: the publisher publishes `--iters` messages at `--mcast-rate` per second;
@@ -64,6 +64,8 @@ struct McastReport {
     test: &'static str,
     layer: &'static str,
     subs: usize,
+    /// Messages per send batch (0: none).
+    batch: u64,
     size: usize,
     published: u64,
     reliable: bool,
@@ -235,19 +237,26 @@ fn spawn_subs(
 }
 
 /// Publishes `count` messages (at `rate` per second when given), then the end mark.
-fn publish(g: &Group, size: usize, count: u64, rate: Option<f64>) -> Result<Duration> {
+fn publish(g: &Group, size: usize, count: u64, rate: Option<f64>, batch: u64) -> Result<Duration> {
     let mut buf = vec![0xA5u8; size];
     let mut progress = Progress::new("mcast".into(), count);
     let start = Instant::now();
+    let mut open = None;
     for i in 0..count {
+        if batch > 1 && i % batch == 0 {
+            // The batch before leaves as this one opens.
+            drop(open.take());
+            open = Some(g.batch());
+        }
         if let Some(r) = rate {
             let due = start + Duration::from_secs_f64(i as f64 / r);
-            // Spin the last stretch: a sleep would bunch the messages.
+            // Yield the last stretch (a sleep would bunch the messages; a spin would take
+            // a core from the subscribers on a small machine).
             while Instant::now() < due {
                 if due - Instant::now() > Duration::from_micros(200) {
                     std::thread::sleep(Duration::from_micros(100));
                 } else {
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                 }
             }
         }
@@ -256,6 +265,7 @@ fn publish(g: &Group, size: usize, count: u64, rate: Option<f64>) -> Result<Dura
             .with_ctx(|| format!("publishing message {i}"))?;
         progress.update(i);
     }
+    drop(open);
     g.flush_timeout(SETTLE)
         .ctx("waiting for the subscribers to take everything")?;
     let took = start.elapsed();
@@ -315,7 +325,8 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let took = publish(&g, size, count, rate);
+    let batch = if lat { 0 } else { u64::from(args.batch) };
+    let took = publish(&g, size, count, rate, batch);
     let mut results = Vec::new();
     for (mut c, mut out) in subs {
         let mut line = String::new();
@@ -389,6 +400,7 @@ impl McastReport {
             test: if lat { "lat" } else { "rate" },
             layer: "mcast",
             subs: subs.len(),
+            batch: 0,
             size,
             published,
             reliable,
