@@ -162,7 +162,11 @@ impl Group {
                 .bytes()
                 .min(UdTransport::RECV_BUF_SIZE - GRH_LEN);
             let depth = cfg.srq_depth.max(64);
-            let sq_depth = 256u32;
+            // Datagrams in flight at most: beyond them, what is published waits in the
+            // queue and leaves packed once sends complete (small messages, 1 sub, 1 M
+            // messages: 256 B 1.3 M msg/s with 256 in flight, 1.6 M with 32; 8 B 2.7 M and
+            // 5 M; 4,000 B no worse).
+            let sq_depth = 32u32;
             let cq = vctx.create_cq(((depth + sq_depth) * 2) as usize, Some(w.channel()))?;
             let qp = ud_qp(&pd, &cq, sq_depth, depth)?;
             qp.attach_mcast(mgid, 0)?;
