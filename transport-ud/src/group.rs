@@ -256,7 +256,8 @@ impl Group {
         if let Some(r) = self.publish_on(&mut self.w.lock(), msg) {
             return r;
         }
-        let wait = Wait::endpoint(self.f.tid, 0);
+        // (Woken when a member moves on.)
+        let wait = Wait::message(self.f.tid, 0);
         wait_until(&self.w, wait, Some(timeout), |ws| self.publish_on(ws, msg))
     }
 
@@ -295,7 +296,7 @@ impl Group {
     /// # Errors
     /// `Timeout`.
     pub fn flush_timeout(&self, timeout: Duration) -> Result<()> {
-        let wait = Wait::endpoint(self.f.tid, 0);
+        let wait = Wait::message(self.f.tid, 0);
         wait_until(&self.w, wait, Some(timeout), |ws| self.flushed_on(ws))
     }
 
@@ -525,6 +526,9 @@ impl Fixed {
         if st.member.has_message() || any {
             cx.touch(&mut st.wait);
             cx.mark_ready(&mut st.wait);
+        } else if st.member.take_moved() {
+            // Room for a waiting publisher, perhaps: it looks again.
+            cx.touch(&mut st.wait);
         }
         if let Some(t) = st.member.poll_timeout() {
             cx.schedule(t);

@@ -271,7 +271,7 @@ pub(crate) fn slow_reader_and_stalled_member(hosts: &Place, group: &str) {
             "--count",
             &count,
             "--size",
-            "1000",
+            "3000",
             "--receivers",
             "3",
             "--linger-ms",
@@ -294,12 +294,12 @@ pub(crate) fn slow_reader_and_stalled_member(hosts: &Place, group: &str) {
     let line = result(&p, "pub");
     let r = Line::parse(&line).expect("a RESULT line");
     // The slow reader takes 1 ms a message; the publisher cannot run further ahead of it
-    // than a window of datagrams (256, of 4 messages each) and its queue (1 MiB: about
-    // 1,000 messages), so it needs at least (COUNT - 2,000) ms.
+    // than a window of datagrams (1,024, of one 3,000-byte message each) and its queue
+    // (1 MiB: about 350 messages), so it needs at least (COUNT - 1,400) ms.
     assert_eq!(r.flag("flushed"), Some(true), "{line}");
     let elapsed = r.num("publish_ms").expect("publish_ms");
     assert!(
-        elapsed >= 2_000,
+        elapsed >= 3_000,
         "the publisher was not paced by the slow reader: {line}"
     );
     let removed = events(&p, "MemberRemoved");

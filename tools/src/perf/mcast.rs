@@ -10,6 +10,9 @@
 //!   each subscriber reports publish-to-deliver latency (p50/p99/p99.9/max; the clocks of
 //!   processes on one host agree).
 //!
+//! `--sub-faults SPEC` injects faults (the `RDMX_FAULTS` syntax, without a seed) into the
+//! frames each subscriber's device receives, e.g. `drop=5%`: loss at the members.
+//!
 //! Each message carries its publish time (ns since the Unix epoch) in its first 8 bytes; a
 //! message with the time `u64::MAX` ends the run. Each subscriber prints one JSON line
 //! ([`SubResult`]) and exits.
@@ -66,6 +69,8 @@ struct McastReport {
     subs: usize,
     /// Messages per send batch (0: none).
     batch: u64,
+    /// Faults injected at the subscribers (`--sub-faults`).
+    sub_faults: Option<String>,
     size: usize,
     published: u64,
     reliable: bool,
@@ -84,6 +89,8 @@ struct McastReport {
     /// Per subscriber: messages missing at the end (0 in reliable mode).
     missing: Vec<u64>,
     repairs_sent: u64,
+    /// Repair requests the publisher ignored (within the holdoff, or no longer kept).
+    naks_ignored: u64,
     naks_sent: u64,
     naks_suppressed: u64,
     duplicates: u64,
@@ -225,6 +232,10 @@ fn spawn_subs(
         }
         if args.unreliable {
             c.arg("--unreliable");
+        }
+        if let Some(f) = &args.sub_faults {
+            // (Each subscriber's own draw of the same odds.)
+            c.env("RDMX_FAULTS", format!("{f},seed={}", subs.len() + 1));
         }
         let mut child = c
             .stdin(Stdio::null())
@@ -412,6 +423,7 @@ impl McastReport {
             layer: "mcast",
             subs: subs.len(),
             batch: 0,
+            sub_faults: None,
             size,
             published,
             reliable,
@@ -428,6 +440,7 @@ impl McastReport {
                 .map(|s| published.saturating_sub(s.got))
                 .collect(),
             repairs_sent: st.repairs_sent,
+            naks_ignored: st.naks_ignored,
             naks_sent: subs.iter().map(|s| s.naks_sent).sum(),
             naks_suppressed: subs.iter().map(|s| s.naks_suppressed).sum(),
             duplicates: subs.iter().map(|s| s.duplicates).sum(),

@@ -321,6 +321,10 @@ pub(crate) struct PerfArgs {
     /// --layer mcast: an unreliable group (no repairs, no pacing; losses counted).
     #[arg(long)]
     unreliable: bool,
+    /// --layer mcast: faults injected into what each subscriber's (soft) device receives,
+    /// in the RDMX_FAULTS syntax without a seed (e.g. drop=5%): loss at the members.
+    #[arg(long, value_name = "SPEC")]
+    sub_faults: Option<String>,
     /// (The subscriber process of --layer mcast: the group to join.)
     #[arg(long, hide = true)]
     mcast_sub: Option<String>,

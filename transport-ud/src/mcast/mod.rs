@@ -77,15 +77,15 @@ impl Default for McastConfig {
             group: 0,
             max_datagram: 4096,
             max_message: 1 << 20,
-            window: 256,
+            window: 1024,
             max_queued: 1 << 20,
             pack_max: 256,
             reliable: true,
             unicast_repairs: false,
             heartbeat: Duration::from_millis(20),
             status_interval: Duration::from_millis(10),
-            nak_delay: Duration::from_millis(2),
-            repair_holdoff: Duration::from_millis(2),
+            nak_delay: Duration::from_micros(500),
+            repair_holdoff: Duration::from_micros(500),
             member_timeout: Duration::from_secs(1),
             slow_timeout: Duration::from_millis(500),
             publisher_timeout: Duration::from_secs(1),
@@ -261,6 +261,12 @@ impl Member {
     /// (those removed or gone meanwhile excepted).
     pub fn flushed(&self) -> bool {
         self.publisher.settled()
+    }
+
+    /// Whether a member this member's stream waits for moved on (or went) since the last
+    /// call: a publisher waiting for room, or for [`flushed`](Self::flushed), looks again.
+    pub fn take_moved(&mut self) -> bool {
+        self.publisher.take_moved()
     }
 
     /// Whether a message waits.

@@ -16,8 +16,9 @@ use crate::session::SendError;
 struct Kept {
     flags: u8,
     payload: Vec<u8>,
-    /// When it was last sent (first send or repair): repeated requests within the holdoff
-    /// are ignored.
+    /// When it was last repaired: requests within the holdoff are ignored (one repair
+    /// serves every member that asked). The first send does not count: a request for it
+    /// says it was lost, and waiting out a holdoff from it would only delay the repair.
     sent_at: Option<Instant>,
 }
 
@@ -64,6 +65,8 @@ pub(super) struct Publisher {
     /// status interval while there are any.
     check_at: Option<Instant>,
     last_sent: Option<Instant>,
+    /// A member moved on, or went, since [`take_moved`](Self::take_moved) last looked.
+    moved: bool,
     /// Counters.
     pub(super) repairs_sent: u64,
     pub(super) naks_ignored: u64,
@@ -96,6 +99,7 @@ impl Publisher {
             receivers: HashMap::new(),
             check_at: None,
             last_sent: None,
+            moved: false,
             repairs_sent: 0,
             naks_ignored: 0,
         }
@@ -199,7 +203,7 @@ impl Publisher {
             self.ring.push_back(Kept {
                 flags: fl,
                 payload,
-                sent_at: Some(now),
+                sent_at: None,
             });
             self.last_sent = Some(now);
             return Some((Dest::Group, n));
@@ -276,6 +280,7 @@ impl Publisher {
         });
         if r.pos.before(pos) {
             r.pos = pos;
+            self.moved = true;
         }
         r.waiting = waiting;
         r.heard = now;
@@ -338,7 +343,15 @@ impl Publisher {
 
     /// A member left: the stream no longer waits for it.
     pub(super) fn forget(&mut self, member: u32) -> bool {
-        self.receivers.remove(&member).is_some()
+        let known = self.receivers.remove(&member).is_some();
+        self.moved |= known;
+        known
+    }
+
+    /// Whether a member moved on (or went) since the last call: a publisher waiting for
+    /// room, or for its members to take everything, looks again.
+    pub(super) fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.moved)
     }
 
     /// Members silent too long, or holding the stream back too long, are removed.
@@ -354,6 +367,7 @@ impl Publisher {
         }
         let full = self.next_seq;
         let window = i64::from(cfg.window);
+        let mut self_moved = false;
         self.receivers.retain(|&m, r| {
             let why = if now.saturating_duration_since(r.heard) >= cfg.member_timeout {
                 Some(RemovedWhy::Silent)
@@ -379,6 +393,7 @@ impl Publisher {
             };
             match why {
                 Some(why) => {
+                    self_moved = true;
                     events.push_back(McastEvent::MemberRemoved { member: m, why });
                     removed.push(m);
                     false
@@ -386,6 +401,7 @@ impl Publisher {
                 None => true,
             }
         });
+        self.moved |= self_moved;
         self.check_at = (!self.receivers.is_empty()).then(|| now + cfg.status_interval);
     }
 

@@ -11,6 +11,9 @@ use super::wire::{Header, Kind, flags};
 use crate::seq::Seq;
 use crate::wire::MSG_LEN_PREFIX;
 
+/// Gaps asked for in one NAK round at most.
+const MAX_NAK_GAPS: usize = 16;
+
 /// The message being put together.
 #[derive(Debug)]
 struct Partial {
@@ -40,6 +43,12 @@ pub(super) struct Stream {
     nak_at: Option<Instant>,
     /// NAKs in a row for the same gap (each waits twice as long as the one before).
     naks: u32,
+    /// The gaps of the NAK round under way, still to send (each round asks for every gap
+    /// held, not only the first).
+    nak_round: Vec<(Seq, u32)>,
+    /// Where the stream stood when the last round was sent: once it moves on, a gap still
+    /// open is a new one and waits only the short random delay.
+    nak_from: Option<Seq>,
     /// When our position goes to the publisher next, and the position last told.
     status_at: Instant,
     told: Seq,
@@ -93,6 +102,8 @@ impl Stream {
             started: false,
             nak_at: None,
             naks: 0,
+            nak_round: Vec::new(),
+            nak_from: None,
             status_at: now,
             told: at,
             last_heard: now,
@@ -168,14 +179,24 @@ impl Stream {
         }
         // A gap before what the publisher sent: ask, after a random delay (unreliable
         // streams: give up on it then, unless it filled meanwhile, reordered).
-        let missing = self.rcv_next.before(upto);
+        let missing = self.rcv_next.before(self.upto);
         if missing {
+            // A gap after the one last asked for was repaired is new: it is asked for after
+            // the short random delay, not after the retry wait of the old one.
+            let moved_on = self.nak_from.is_some_and(|f| f != self.rcv_next);
+            if moved_on {
+                self.nak_from = None;
+                self.naks = 0;
+                self.nak_at = None;
+            }
             if self.nak_at.is_none() {
                 self.nak_at = Some(now + random_below(rng, cfg.nak_delay));
             }
         } else {
             self.nak_at = None;
             self.naks = 0;
+            self.nak_from = None;
+            self.nak_round.clear();
         }
         Ok(())
     }
@@ -209,7 +230,7 @@ impl Stream {
     /// after each, up to four times the first wait (a member that keeps asking must get
     /// through a lossy link well within the slow timeout).
     fn retry_after(&self, cfg: &McastConfig) -> Duration {
-        (cfg.repair_holdoff * 2 + cfg.nak_delay) * (1u32 << self.naks.min(2))
+        (cfg.repair_holdoff * 2 + cfg.nak_delay) * (1u32 << self.naks.saturating_sub(1).min(2))
     }
 
     /// Puts in-order datagrams into messages.
@@ -308,34 +329,54 @@ impl Stream {
         self.deliver(cfg)
     }
 
-    /// A NAK due now: (first missing, how many), to send to the group.
+    /// A NAK due now: (first missing, how many), to send to the group. A round asks for
+    /// every gap held (up to [`MAX_NAK_GAPS`]), one NAK each.
     pub(super) fn poll_nak(&mut self, cfg: &McastConfig, now: Instant) -> Option<(Seq, u32)> {
-        if !cfg.reliable || self.nak_at.is_none_or(|t| t > now) {
+        if !cfg.reliable {
             return None;
         }
-        // The first gap only: from the next expected to the first datagram held after it.
-        let first = self.rcv_next;
-        let end = self
-            .ahead
-            .keys()
-            .map(|&s| Seq(s))
-            .filter(|s| first.before(*s))
-            .min_by_key(|s| s.since(first))
-            .unwrap_or(first.plus(1));
-        let count = u32::try_from(end.since(first))
-            .unwrap_or(1)
-            .clamp(1, cfg.window);
+        if let Some(g) = self.nak_round.pop() {
+            self.naks_sent += 1;
+            return Some(g);
+        }
+        if self.nak_at.is_none_or(|t| t > now) {
+            return None;
+        }
+        let mut held: Vec<Seq> = self.ahead.keys().map(|&s| Seq(s)).collect();
+        held.sort_by_key(|s| s.since(self.rcv_next));
+        let mut at = self.rcv_next;
+        let mut gaps = Vec::new();
+        for s in held.into_iter().chain(std::iter::once(self.upto)) {
+            if gaps.len() == MAX_NAK_GAPS {
+                break;
+            }
+            if at.before(s) {
+                let n = u32::try_from(s.since(at)).unwrap_or(1).clamp(1, cfg.window);
+                gaps.push((at, n));
+            }
+            if !s.before(at) {
+                at = s.next();
+            }
+        }
+        if gaps.is_empty() {
+            // (The first datagram missing, as far as we know.)
+            gaps.push((self.rcv_next, 1));
+        }
+        gaps.reverse();
+        self.nak_round = gaps;
         self.naks += 1;
-        self.naks_sent += 1;
+        self.nak_from = Some(self.rcv_next);
         self.nak_at = Some(now + self.retry_after(cfg));
-        Some((first, count))
+        let g = self.nak_round.pop()?;
+        self.naks_sent += 1;
+        Some(g)
     }
 
     /// Our position for the publisher and the messages waiting for the application, when
     /// due (every status interval, or at once when the application freed half a window).
     pub(super) fn poll_status(&mut self, cfg: &McastConfig, now: Instant) -> Option<(Seq, u32)> {
         let pos = self.pos();
-        let moved = pos.since(self.told) >= i64::from(cfg.window / 2).max(1);
+        let moved = pos.since(self.told) >= i64::from(cfg.window / 8).max(1);
         if now >= self.status_at || moved {
             self.status_at = now + cfg.status_interval;
             self.told = pos;
