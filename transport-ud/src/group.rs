@@ -142,8 +142,8 @@ fn leave(w: &Worker, f: &Fixed) {
 
 impl Group {
     /// Joins group `name` on `worker` (a UD queue pair of its own with `cfg.srq_depth`
-    /// receive buffers of [`UdTransport::RECV_BUF_SIZE`] from the worker's pool, attached to
-    /// the group's multicast address). `options` says how the group behaves (its `group`
+    /// receive buffers, or a window's if that is more, of [`UdTransport::RECV_BUF_SIZE`]
+    /// from the worker's pool, attached to the group's multicast address). `options` says how the group behaves (its `group`
     /// and `max_datagram` are set here); every member should use the same.
     ///
     /// # Errors
@@ -161,7 +161,9 @@ impl Group {
                 .active_mtu
                 .bytes()
                 .min(UdTransport::RECV_BUF_SIZE - GRH_LEN);
-            let depth = cfg.srq_depth.max(64);
+            // At least a window of receives: a publisher may send a whole window at once,
+            // and a datagram that finds no receive posted is dropped (then repaired).
+            let depth = cfg.srq_depth.max(64).max(options.window.min(8192));
             // Datagrams in flight at most: beyond them, what is published waits in the
             // queue and leaves packed once sends complete (small messages, 1 sub, 1 M
             // messages: 256 B 1.3 M msg/s with 256 in flight, 1.6 M with 32; 8 B 2.7 M and

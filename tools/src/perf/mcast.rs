@@ -99,10 +99,18 @@ struct McastReport {
     disorder: u64,
 }
 
-fn config(reliable: bool) -> McastConfig {
+fn config(args: &PerfArgs) -> McastConfig {
+    let d = McastConfig::default();
     McastConfig {
-        reliable,
-        ..McastConfig::default()
+        reliable: !args.unreliable,
+        window: args.mcast_window.unwrap_or(d.window),
+        nak_delay: args
+            .mcast_nak_delay_us
+            .map_or(d.nak_delay, Duration::from_micros),
+        repair_holdoff: args
+            .mcast_nak_delay_us
+            .map_or(d.repair_holdoff, Duration::from_micros),
+        ..d
     }
 }
 
@@ -118,7 +126,7 @@ fn context(device: Option<&str>) -> Result<Context> {
 pub(crate) fn subscriber(args: &PerfArgs, group: &str) -> Result<()> {
     let ctx = context(args.device.as_deref())?;
     let g = ctx
-        .join_with(group, config(!args.unreliable))
+        .join_with(group, config(args))
         .ctx("joining the group")?;
     println!("READY {}", g.member_id());
     let mut r = SubResult {
@@ -233,6 +241,12 @@ fn spawn_subs(
         if args.unreliable {
             c.arg("--unreliable");
         }
+        if let Some(w) = args.mcast_window {
+            c.args(["--mcast-window", &w.to_string()]);
+        }
+        if let Some(d) = args.mcast_nak_delay_us {
+            c.args(["--mcast-nak-delay-us", &d.to_string()]);
+        }
         if let Some(f) = &args.sub_faults {
             // (Each subscriber's own draw of the same odds.)
             c.env("RDMX_FAULTS", format!("{f},seed={}", subs.len() + 1));
@@ -331,7 +345,7 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     let group = format!("rdmx-perf-{}-{}", std::process::id(), unix_ns() % 1_000_000);
     let ctx = context(args.device.as_deref())?;
     let g = ctx
-        .join_with(&group, config(!args.unreliable))
+        .join_with(&group, config(args))
         .ctx("joining the group")?;
     let mut subs = spawn_subs(args, &group, n)?;
     let heard = Instant::now() + SETTLE;

@@ -325,6 +325,14 @@ pub(crate) struct PerfArgs {
     /// in the RDMX_FAULTS syntax without a seed (e.g. drop=5%): loss at the members.
     #[arg(long, value_name = "SPEC")]
     sub_faults: Option<String>,
+    /// --layer mcast: the group's window in datagrams (what a publisher keeps for repairs,
+    /// and how far the slowest member may lag) [default: McastConfig's].
+    #[arg(long)]
+    mcast_window: Option<u32>,
+    /// --layer mcast: the longest random delay before a member asks for a repair, and the
+    /// publisher's repair holdoff, in microseconds [default: McastConfig's].
+    #[arg(long)]
+    mcast_nak_delay_us: Option<u64>,
     /// (The subscriber process of --layer mcast: the group to join.)
     #[arg(long, hide = true)]
     mcast_sub: Option<String>,

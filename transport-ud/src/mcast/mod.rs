@@ -77,7 +77,7 @@ impl Default for McastConfig {
             group: 0,
             max_datagram: 4096,
             max_message: 1 << 20,
-            window: 1024,
+            window: 512,
             max_queued: 1 << 20,
             pack_max: 256,
             reliable: true,
