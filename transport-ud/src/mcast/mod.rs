@@ -23,7 +23,7 @@ mod publisher;
 mod subscriber;
 pub mod wire;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use publisher::Publisher;
@@ -185,7 +185,8 @@ pub struct Member {
     /// Whether this member published anything (a member that never does sends no
     /// heartbeats).
     publishing: bool,
-    streams: HashMap<u32, Stream>,
+    /// (Ordered by publisher id: `recv` takes turns without sorting.)
+    streams: BTreeMap<u32, Stream>,
     /// Publishers (and their epoch) that removed us: their datagrams are ignored.
     removed_by: HashSet<(u32, u32)>,
     /// Members our stream removed: their statuses are answered with `Removed` again.
@@ -193,8 +194,8 @@ pub struct Member {
     /// Control datagrams to send (to the group).
     control: VecDeque<Header>,
     events: VecDeque<McastEvent>,
-    /// Streams take turns in `recv`.
-    turn: usize,
+    /// Streams take turns in `recv`: the publisher id to look at first.
+    turn: u32,
     rng: u64,
     stats: McastStats,
     left: bool,
@@ -211,7 +212,7 @@ impl Member {
             id,
             publisher: Publisher::new(epoch, first),
             publishing: false,
-            streams: HashMap::new(),
+            streams: BTreeMap::new(),
             removed_by: HashSet::new(),
             removed: HashSet::new(),
             control: VecDeque::new(),
@@ -245,16 +246,16 @@ impl Member {
 
     /// The next message of any publisher (publishers take turns), with its publisher's id.
     pub fn recv(&mut self) -> Option<(u32, Vec<u8>)> {
-        let mut ids: Vec<u32> = self.streams.keys().copied().collect();
-        ids.sort_unstable();
-        for i in 0..ids.len() {
-            let id = ids[(self.turn + i) % ids.len()];
-            if let Some(m) = self.streams.get_mut(&id).and_then(Stream::recv) {
-                self.turn = (self.turn + i + 1) % ids.len().max(1);
-                return Some((id, m));
-            }
-        }
-        None
+        let t = self.turn;
+        let id = self
+            .streams
+            .range(t..)
+            .chain(self.streams.range(..t))
+            .find(|(_, s)| !s.inbox.is_empty())
+            .map(|(&id, _)| id)?;
+        let m = self.streams.get_mut(&id).and_then(Stream::recv)?;
+        self.turn = id.wrapping_add(1);
+        Some((id, m))
     }
 
     /// Whether everything this member published was sent and taken by every live member

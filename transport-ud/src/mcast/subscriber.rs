@@ -172,6 +172,10 @@ impl Stream {
                 self.skip_to(Seq(h.seq.0.wrapping_sub(cfg.window - 1)));
                 self.deliver(cfg)?;
                 self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
+            } else if off == 0 {
+                // The next in order: into messages straight from the datagram (no copy
+                // into the held ones first).
+                self.consume(cfg, h.flags, payload)?;
             } else {
                 self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
             }
@@ -236,6 +240,14 @@ impl Stream {
     /// Puts in-order datagrams into messages.
     fn deliver(&mut self, cfg: &McastConfig) -> Result<(), String> {
         while let Some((fl, payload)) = self.ahead.remove(&self.rcv_next.0) {
+            self.consume(cfg, fl, &payload)?;
+        }
+        Ok(())
+    }
+
+    /// The datagram `rcv_next` (flags and payload), into messages.
+    fn consume(&mut self, cfg: &McastConfig, fl: u8, payload: &[u8]) -> Result<(), String> {
+        {
             let seq = self.rcv_next;
             self.rcv_next = seq.next();
             self.naks = 0;
@@ -243,7 +255,7 @@ impl Stream {
                 if self.partial.is_some() && !self.skipping {
                     return Err("packed messages inside another message".into());
                 }
-                let Some(entries) = crate::wire::packed_entries(&payload) else {
+                let Some(entries) = crate::wire::packed_entries(payload) else {
                     return Err("a packed datagram that does not parse".into());
                 };
                 self.skipping = false;
@@ -258,16 +270,16 @@ impl Stream {
                     self.inbox.push_back((m.to_vec(), seq));
                     self.started = true;
                 }
-                continue;
+                return Ok(());
             }
             let first = fl & flags::FIRST != 0;
             if self.skipping {
                 if !first {
-                    continue;
+                    return Ok(());
                 }
                 self.skipping = false;
             }
-            let mut data = &payload[..];
+            let mut data = payload;
             if first {
                 if self.partial.is_some() {
                     return Err("a message opened inside another".into());
@@ -298,7 +310,7 @@ impl Stream {
             p.bytes.extend_from_slice(data);
             if fl & flags::LAST != 0 {
                 let Some(p) = self.partial.take() else {
-                    continue;
+                    return Ok(());
                 };
                 if p.bytes.len() != p.len {
                     return Err("a message shorter than it said".into());
