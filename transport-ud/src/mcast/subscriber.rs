@@ -385,7 +385,8 @@ impl Stream {
     }
 
     /// Our position for the publisher and the messages waiting for the application, when
-    /// due (every status interval, or at once when the application freed half a window).
+    /// due (every status interval, or at once when the application freed an eighth of a
+    /// window).
     pub(super) fn poll_status(&mut self, cfg: &McastConfig, now: Instant) -> Option<(Seq, u32)> {
         let pos = self.pos();
         let moved = pos.since(self.told) >= i64::from(cfg.window / 8).max(1);
