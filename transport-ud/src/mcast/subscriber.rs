@@ -158,7 +158,10 @@ impl Stream {
         // it, or a member the publisher did not wait for yet: just joined). Skipped and
         // counted (the member reports it: never a silent gap).
         if self.rcv_next.before(self.floor) {
-            self.skip_to(self.floor);
+            // (A reliable stream not started yet merely starts later: its publisher did not
+            // wait for a member it had not heard of. Anywhere else a skip is a loss.)
+            let lost = self.started || !cfg.reliable;
+            self.skip_to(self.floor, lost);
             self.deliver(cfg)?;
         }
         if h.kind == Kind::Data {
@@ -169,7 +172,7 @@ impl Stream {
                 // Too far ahead to hold: dropped (asked again once the gap before it closes).
             } else if off >= i64::from(cfg.window) {
                 // Unreliable: the oldest gaps are given up on to make room.
-                self.skip_to(Seq(h.seq.0.wrapping_sub(cfg.window - 1)));
+                self.skip_to(Seq(h.seq.0.wrapping_sub(cfg.window - 1)), true);
                 self.deliver(cfg)?;
                 self.ahead.insert(h.seq.0, (h.flags, payload.to_vec()));
             } else if off == 0 {
@@ -206,10 +209,10 @@ impl Stream {
     }
 
     /// What the publisher no longer keeps is given up on and counted.
-    fn skip_to(&mut self, to: Seq) {
+    fn skip_to(&mut self, to: Seq, lost: bool) {
         let gap = to.since(self.rcv_next);
         if gap > 0 {
-            if self.started {
+            if lost {
                 self.lost += gap as u64;
             }
             self.rcv_next = to;
@@ -337,7 +340,7 @@ impl Stream {
             .filter(|s| first.before(*s))
             .min_by_key(|s| s.since(first))
             .unwrap_or(self.upto);
-        self.skip_to(to);
+        self.skip_to(to, true);
         self.deliver(cfg)
     }
 
