@@ -281,6 +281,29 @@ impl Group {
         f.publish(st, &mut cx, msg)
     }
 
+    /// Publishes a pooled buffer (copied into the publisher's window, which keeps what it
+    /// sent until every live member has it, as UD endpoints copy theirs), waiting up to
+    /// `timeout` for room; the buffer goes back to its pool.
+    ///
+    /// # Errors
+    /// As [`publish_timeout`](Self::publish_timeout).
+    pub fn publish_buf_timeout(&self, buf: Buf, timeout: Duration) -> Result<()> {
+        self.publish_timeout(&buf, timeout)
+    }
+
+    /// Publishes a pooled buffer if there is room now: `Ok(None)` published, `Ok(Some(buf))`
+    /// no room (the buffer handed back).
+    ///
+    /// # Errors
+    /// As [`try_publish`](Self::try_publish), other than `WouldBlock`.
+    pub fn try_publish_buf(&self, buf: Buf) -> Result<Option<Buf>> {
+        match self.try_publish(&buf) {
+            Ok(()) => Ok(None),
+            Err(Error::WouldBlock) => Ok(Some(buf)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Opens a send batch on this thread (as [`Worker::batch`] does): until the guard is
     /// dropped, what this thread publishes is queued, and leaves when the batch ends (or
     /// the queue fills), small messages packed together in datagrams, the datagrams

@@ -186,3 +186,37 @@ fn messages_published_in_batches_arrive_once_and_in_order() {
     );
     drop(a);
 }
+
+#[test]
+fn a_pooled_buffer_is_published_and_goes_back_to_its_pool() {
+    let name = format!("rdmx-test-buf-{}", std::process::id());
+    let (wa, _ha, a) = member(&name);
+    let (_wb, _hb, b) = member(&name);
+    formed(&a, 1);
+    let before = wa.pool().stats().in_use_bytes;
+    let mut buf = wa.pool().try_alloc(3000).unwrap();
+    buf.copy_from_slice(&msg(7, 3000));
+    a.publish_buf_timeout(buf, Duration::from_secs(5)).unwrap();
+    let mut small = wa.pool().try_alloc(40).unwrap();
+    small.copy_from_slice(&msg(8, 40));
+    assert!(
+        a.try_publish_buf(small).unwrap().is_none(),
+        "no room for 40 bytes"
+    );
+    let (from, m) = b.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(from, a.member_id());
+    assert_eq!(m, msg(7, 3000));
+    let (_, m) = b.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(m, msg(8, 40));
+    // (The datagrams' own send buffers go back when their sends complete.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while wa.pool().stats().in_use_bytes > before {
+        assert!(
+            Instant::now() < deadline,
+            "the buffers did not go back to the pool: {:?}",
+            wa.pool().stats()
+        );
+        let _ = a.try_recv();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
