@@ -72,15 +72,7 @@ if [[ "${SKIP_UCX:-0}" != 1 ]]; then
     ((HAVE_UCX)) || log "ucx_perftest unavailable: UCX columns will be n/a"
 fi
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building rdmx (cargo build --release -p rdmx-tools)"
-    if ! (cd "$ROOT" && cargo build --release -p rdmx-tools) >"$LOGDIR/build.log" 2>&1; then
-        tail -n 20 "$LOGDIR/build.log" >&2 || true
-        log "cargo build failed"
-        exit 1
-    fi
-fi
-[[ -x "$RDMX" ]] || { log "$RDMX missing"; exit 1; }
+build_rdmx
 
 # ------------------------------------------------------------------------------- runners --
 # Each runner sets RESULT to "lat_p50 lat2 bw msg_rate extra" (n/a for missing fields) and

@@ -104,15 +104,7 @@ if ((USE_NATS)) && ! command -v nats-server >/dev/null 2>&1; then
     USE_NATS=0
 fi
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building rdmx (cargo build --release -p rdmx-tools)"
-    if ! (cd "$ROOT" && cargo build --release -p rdmx-tools) >"$LOGDIR/build.log" 2>&1; then
-        tail -n 20 "$LOGDIR/build.log" >&2 || true
-        log "cargo build failed"
-        exit 1
-    fi
-fi
-[[ -x "$RDMX" ]] || { log "$RDMX missing"; exit 1; }
+build_rdmx
 log "building pubsub-compare (cargo build --release --manifest-path bench/pubsub-compare/Cargo.toml)"
 if ! cargo build --release --manifest-path "$PSC_DIR/Cargo.toml" >"$LOGDIR/build-psc.log" 2>&1; then
     tail -n 20 "$LOGDIR/build-psc.log" >&2 || true

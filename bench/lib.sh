@@ -4,6 +4,20 @@
 
 log() { printf '%s\n' "$*" >&2; }
 
+# Builds target/release/rdmx in $ROOT unless SKIP_BUILD=1 (the log in $LOGDIR/build.log,
+# its tail on stderr when it fails), then checks that $RDMX is there; exits on failure.
+build_rdmx() {
+    if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+        log "building rdmx (cargo build --release -p rdmx-tools)"
+        if ! (cd "$ROOT" && cargo build --release -p rdmx-tools) >"$LOGDIR/build.log" 2>&1; then
+            tail -n 20 "$LOGDIR/build.log" >&2 || true
+            log "cargo build failed"
+            exit 1
+        fi
+    fi
+    [[ -x "$RDMX" ]] || { log "$RDMX missing"; exit 1; }
+}
+
 warmup_of() { # ucx_perftest defaults to 10000 warm-up iterations; scale them with the run
     local w=$(($1 / 10))
     ((w > 1000)) && w=1000
