@@ -1,0 +1,470 @@
+//! The calling side: a [`Client`] over one link, any number of calls in flight, answered in
+//! any order (a reader thread matches responses to calls by id).
+//!
+//! A call waits at most its timeout, which travels to the server as the call's deadline;
+//! when it passes, the call fails `DeadlineExceeded` and the server is told (`Cancel`).
+//! A [`PendingCall`] dropped before its response, or an async call dropped, is cancelled
+//! the same way. When the link ends (the peer closed, or died: within the transport's peer
+//! timeout) every pending call fails `Unavailable`, and so do later ones.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::codec::{decode, encode};
+use crate::link::Link;
+use crate::method::Method;
+use crate::server::Limits;
+use crate::status::Status;
+use crate::wire::{HEADER_LEN, Header, Kind, frame};
+
+/// How a client behaves.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The timeout of [`Client::call`] (and the deadline it sends).
+    pub timeout: Duration,
+    /// Size limits.
+    pub limits: Limits,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What a response is, for the call that waits for it.
+type Reply<F> = Result<F, Status>;
+
+/// Where a call's response goes.
+enum Waiter<F> {
+    Blocking(Sender<Reply<F>>),
+    #[cfg(feature = "tokio")]
+    Async(tokio::sync::oneshot::Sender<Reply<F>>),
+}
+
+impl<F> Waiter<F> {
+    fn give(self, r: Reply<F>) {
+        match self {
+            Self::Blocking(tx) => {
+                let _ = tx.send(r);
+            }
+            #[cfg(feature = "tokio")]
+            Self::Async(tx) => {
+                let _ = tx.send(r);
+            }
+        }
+    }
+}
+
+struct Shared<L: Link> {
+    link: L,
+    cfg: ClientConfig,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, Waiter<L::Frame>>>,
+    /// Set once the link ended: why later calls fail.
+    gone: Mutex<Option<Status>>,
+    stop: AtomicBool,
+    /// Responses that matched no call (late, after a timeout or a cancel).
+    strays: AtomicU64,
+    /// Frames that broke the protocol.
+    bad_frames: AtomicU64,
+}
+
+/// A client of the service behind one link. Cheap to clone; the reader thread ends and
+/// the link closes once every clone is dropped.
+pub struct Client<L: Link> {
+    sh: Arc<Shared<L>>,
+    _stop: Arc<StopOnDrop<L>>,
+}
+
+impl<L: Link> Clone for Client<L> {
+    fn clone(&self) -> Self {
+        Self {
+            sh: Arc::clone(&self.sh),
+            _stop: Arc::clone(&self._stop),
+        }
+    }
+}
+
+impl<L: Link> std::fmt::Debug for Client<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("in_flight", &self.in_flight())
+            .field("gone", &*self.sh.gone.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+struct StopOnDrop<L: Link>(Arc<Shared<L>>);
+
+impl<L: Link> Drop for StopOnDrop<L> {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::Release);
+        self.0.link.start_close();
+    }
+}
+
+/// Counters of a client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Calls waiting for their response now.
+    pub in_flight: usize,
+    /// Responses that matched no call (they came after their call gave up).
+    pub strays: u64,
+    /// Frames that broke the protocol (dropped).
+    pub bad_frames: u64,
+}
+
+impl<L: Link> Client<L> {
+    /// A client over `link`, with a reader thread of its own.
+    ///
+    /// # Errors
+    /// The OS's, when the thread cannot be started.
+    pub fn new(link: L, cfg: ClientConfig) -> std::io::Result<Self> {
+        let sh = Arc::new(Shared {
+            link,
+            cfg,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            gone: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            strays: AtomicU64::new(0),
+            bad_frames: AtomicU64::new(0),
+        });
+        let reader = Arc::clone(&sh);
+        std::thread::Builder::new()
+            .name("rdmx-rpc-client".into())
+            .spawn(move || read_responses(&reader))?;
+        Ok(Self {
+            _stop: Arc::new(StopOnDrop(Arc::clone(&sh))),
+            sh,
+        })
+    }
+
+    /// Calls `m` with `req`, waiting at most the configured timeout.
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+    ) -> Result<Resp, Status> {
+        self.call_timeout(m, req, self.sh.cfg.timeout)
+    }
+
+    /// Calls `m` with `req`, waiting at most `timeout` (the deadline the server gets).
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn call_timeout<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, Status> {
+        self.start(m, req, timeout)?.wait()
+    }
+
+    /// Starts a call and returns at once: [`PendingCall::wait`] gives its outcome (calls
+    /// started one after another are in flight together). Dropping the pending call before
+    /// its response cancels it at the server.
+    ///
+    /// # Errors
+    /// A [`Status`] when the call cannot even start (too large, the link is gone).
+    pub fn start<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<PendingCall<L, Resp>, Status> {
+        let (tx, rx) = bounded(1);
+        let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Blocking(tx))?;
+        Ok(PendingCall {
+            sh: Arc::clone(&self.sh),
+            rx,
+            id,
+            method: m.id(),
+            timeout,
+            done: false,
+            _resp: PhantomData,
+        })
+    }
+
+    /// Calls `m` with `req` without blocking the thread (feature `tokio`), waiting at most
+    /// the configured timeout. Dropping the future before it completes cancels the call at
+    /// the server.
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    #[cfg(feature = "tokio")]
+    pub async fn call_async<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+    ) -> Result<Resp, Status> {
+        let timeout = self.sh.cfg.timeout;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Async(tx))?;
+        // Cancels the call if this future is dropped before the response.
+        let mut guard = CancelGuard {
+            sh: Arc::clone(&self.sh),
+            id,
+            method: m.id(),
+            armed: true,
+        };
+        let reply = tokio::time::timeout(timeout, rx).await;
+        let r = match reply {
+            Ok(Ok(r)) => {
+                guard.armed = false;
+                r
+            }
+            Ok(Err(_)) => {
+                guard.armed = false;
+                Err(self.gone_status())
+            }
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "no response from {} within {timeout:?}",
+                m.name()
+            ))),
+        };
+        let f = r?;
+        decode_response(&f, self.sh.cfg.limits.max_response)
+    }
+
+    /// Calls waiting for their response now.
+    pub fn in_flight(&self) -> usize {
+        self.sh.pending.lock().len()
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> ClientStats {
+        ClientStats {
+            in_flight: self.in_flight(),
+            strays: self.sh.strays.load(Ordering::Relaxed),
+            bad_frames: self.sh.bad_frames.load(Ordering::Relaxed),
+        }
+    }
+
+    #[cfg(feature = "tokio")]
+    fn gone_status(&self) -> Status {
+        self.sh
+            .gone
+            .lock()
+            .clone()
+            .unwrap_or_else(|| Status::unavailable("the client's link ended"))
+    }
+
+    /// Encodes and sends a request, its waiter registered first.
+    fn send_request<Req: Serialize>(
+        &self,
+        method: u32,
+        name: &str,
+        req: &Req,
+        timeout: Duration,
+        waiter: Waiter<L::Frame>,
+    ) -> Result<u64, Status> {
+        let max = self.sh.cfg.limits.max_request;
+        let body = encode(req, max).map_err(|e| {
+            Status::resource_exhausted(format!(
+                "the request to {name} does not encode within {max} bytes: {e}"
+            ))
+        })?;
+        if let Some(s) = self.sh.gone.lock().clone() {
+            return Err(s);
+        }
+        let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let budget_us = u32::try_from(timeout.as_micros())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let f = frame(
+            Header {
+                kind: Kind::Request,
+                status: None,
+                method,
+                id,
+                budget_us,
+                len: 0,
+            },
+            &body,
+        );
+        self.sh.pending.lock().insert(id, waiter);
+        if let Err(e) = self.sh.link.send_timeout(&f, timeout) {
+            self.sh.pending.lock().remove(&id);
+            return Err(Status::from_transport(&e));
+        }
+        Ok(id)
+    }
+}
+
+/// Tells the server a call is no longer waited for.
+fn cancel<L: Link>(sh: &Shared<L>, id: u64, method: u32) {
+    if sh.pending.lock().remove(&id).is_none() {
+        return;
+    }
+    let f = frame(
+        Header {
+            kind: Kind::Cancel,
+            status: None,
+            method,
+            id,
+            budget_us: 0,
+            len: 0,
+        },
+        &[],
+    );
+    let _ = sh.link.send_timeout(&f, Duration::from_millis(100));
+}
+
+#[cfg(feature = "tokio")]
+struct CancelGuard<L: Link> {
+    sh: Arc<Shared<L>>,
+    id: u64,
+    method: u32,
+    armed: bool,
+}
+
+#[cfg(feature = "tokio")]
+impl<L: Link> Drop for CancelGuard<L> {
+    fn drop(&mut self) {
+        if self.armed {
+            cancel(&self.sh, self.id, self.method);
+        }
+    }
+}
+
+/// A call under way ([`Client::start`]).
+pub struct PendingCall<L: Link, Resp> {
+    sh: Arc<Shared<L>>,
+    rx: Receiver<Reply<L::Frame>>,
+    id: u64,
+    method: u32,
+    timeout: Duration,
+    done: bool,
+    _resp: PhantomData<fn() -> Resp>,
+}
+
+impl<L: Link, Resp> std::fmt::Debug for PendingCall<L, Resp> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingCall")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
+    /// Its id (the client's number for it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Waits for the outcome (at most the call's timeout, counted from now).
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn wait(mut self) -> Result<Resp, Status> {
+        let r = match self.rx.recv_timeout(self.timeout) {
+            Ok(r) => {
+                self.done = true;
+                r
+            }
+            Err(RecvTimeoutError::Timeout) => Err(Status::deadline_exceeded(format!(
+                "no response within {:?}",
+                self.timeout
+            ))),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.done = true;
+                Err(Status::unavailable("the client's link ended"))
+            }
+        };
+        let f = r?;
+        decode_response(&f, self.sh.cfg.limits.max_response)
+    }
+
+    /// The outcome if it is there (`None`: not yet).
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn try_wait(&mut self) -> Option<Result<Resp, Status>> {
+        let r = self.rx.try_recv().ok()?;
+        self.done = true;
+        Some(r.and_then(|f| decode_response(&f, self.sh.cfg.limits.max_response)))
+    }
+}
+
+impl<L: Link, Resp> Drop for PendingCall<L, Resp> {
+    fn drop(&mut self) {
+        if !self.done {
+            cancel(&self.sh, self.id, self.method);
+        }
+    }
+}
+
+/// A response frame's outcome.
+fn decode_response<T: DeserializeOwned>(f: &[u8], limit: usize) -> Result<T, Status> {
+    let (h, body) =
+        Header::parse(f).map_err(|e| Status::internal(format!("a bad response frame: {e}")))?;
+    match h.status {
+        None => decode(body, limit)
+            .map_err(|e| Status::internal(format!("the response does not decode: {e}"))),
+        Some(code) => Err(Status::new(code, String::from_utf8_lossy(body))),
+    }
+}
+
+fn read_responses<L: Link>(sh: &Shared<L>) {
+    let why = loop {
+        if sh.stop.load(Ordering::Acquire) {
+            break Status::cancelled("the client was dropped");
+        }
+        let m = match sh.link.recv_timeout(Duration::from_millis(100)) {
+            Ok(m) => m,
+            Err(rdmx_core::Error::Timeout(_)) => continue,
+            Err(e) => break Status::from_transport(&e),
+        };
+        let id = match Header::parse(&m) {
+            Ok((h, _)) if h.kind == Kind::Response => h.id,
+            Ok(_) | Err(_) => {
+                sh.bad_frames.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        if m.len() > HEADER_LEN + sh.cfg.limits.max_response {
+            let s = Status::resource_exhausted(format!(
+                "a response of {} bytes; the client takes at most {}",
+                m.len() - HEADER_LEN,
+                sh.cfg.limits.max_response
+            ));
+            if let Some(w) = sh.pending.lock().remove(&id) {
+                w.give(Err(s));
+            }
+            continue;
+        }
+        match sh.pending.lock().remove(&id) {
+            Some(w) => w.give(Ok(m)),
+            None => {
+                sh.strays.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    // Every call still waiting, and every later one, fails.
+    let why = match why.code {
+        crate::status::Code::Cancelled => why,
+        _ => Status::unavailable(format!("the link ended: {}", why.message)),
+    };
+    *sh.gone.lock() = Some(why.clone());
+    let waiting: Vec<Waiter<L::Frame>> = sh.pending.lock().drain().map(|(_, w)| w).collect();
+    for w in waiting {
+        w.give(Err(why.clone()));
+    }
+}

@@ -1,0 +1,122 @@
+//! What RPC runs over: a [`Link`] is one endpoint's messages (whole, in order,
+//! flow-controlled), whatever the transport. RC and XRC endpoints (`rdmx_rc::Endpoint`)
+//! and UD endpoints (`rdmx_ud::Endpoint`) are links; the `rdmx` facade's `Endpoint` is one
+//! too, and an application may bring its own (the tests use an in-memory pair).
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use rdmx_core::{Message, Result};
+
+/// One endpoint's messages, for RPC.
+pub trait Link: Send + Sync + 'static {
+    /// A received message (its bytes).
+    type Frame: Deref<Target = [u8]> + Send + 'static;
+
+    /// Sends `data` as one message, waiting up to `timeout` for room.
+    ///
+    /// # Errors
+    /// The transport's: `Timeout`, `Disconnected`, `MessageTooLarge`.
+    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()>;
+
+    /// The next message, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout`; `Disconnected` once the peer is gone (or left) and nothing is left.
+    fn recv_timeout(&self, timeout: Duration) -> Result<Self::Frame>;
+
+    /// Starts an orderly close (what was sent still arrives).
+    fn start_close(&self);
+}
+
+impl Link for rdmx_rc::Endpoint {
+    type Frame = Message;
+
+    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
+        Self::send_timeout(self, data, timeout)
+    }
+
+    fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        Self::recv_timeout(self, timeout)
+    }
+
+    fn start_close(&self) {
+        Self::start_close(self);
+    }
+}
+
+impl Link for rdmx_ud::Endpoint {
+    type Frame = Message;
+
+    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
+        Self::send_timeout(self, data, timeout)
+    }
+
+    fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
+        Self::recv_timeout(self, timeout)
+    }
+
+    fn start_close(&self) {
+        Self::start_close(self);
+    }
+}
+
+/// A pair of links in memory, for tests and for services inside one process: what one
+/// side sends the other receives (unbounded; dropping a side disconnects the other).
+pub mod mem {
+    use std::time::Duration;
+
+    use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+    use parking_lot::Mutex;
+    use rdmx_core::{DisconnectCause, Error, Result};
+
+    /// One side of an in-memory pair.
+    #[derive(Debug)]
+    pub struct MemLink {
+        tx: Mutex<Option<Sender<Vec<u8>>>>,
+        rx: Receiver<Vec<u8>>,
+    }
+
+    /// Two connected in-memory links.
+    pub fn pair() -> (MemLink, MemLink) {
+        let (a_tx, b_rx) = unbounded();
+        let (b_tx, a_rx) = unbounded();
+        (
+            MemLink {
+                tx: Mutex::new(Some(a_tx)),
+                rx: a_rx,
+            },
+            MemLink {
+                tx: Mutex::new(Some(b_tx)),
+                rx: b_rx,
+            },
+        )
+    }
+
+    impl super::Link for MemLink {
+        type Frame = Vec<u8>;
+
+        fn send_timeout(&self, data: &[u8], _timeout: Duration) -> Result<()> {
+            let tx = self.tx.lock();
+            let Some(tx) = tx.as_ref() else {
+                return Err(Error::Disconnected(DisconnectCause::LocalClose));
+            };
+            tx.send(data.to_vec())
+                .map_err(|_| Error::Disconnected(DisconnectCause::PeerClosed))
+        }
+
+        fn recv_timeout(&self, timeout: Duration) -> Result<Vec<u8>> {
+            match self.rx.recv_timeout(timeout) {
+                Ok(m) => Ok(m),
+                Err(RecvTimeoutError::Timeout) => Err(Error::Timeout(timeout)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    Err(Error::Disconnected(DisconnectCause::PeerClosed))
+                }
+            }
+        }
+
+        fn start_close(&self) {
+            self.tx.lock().take();
+        }
+    }
+}

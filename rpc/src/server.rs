@@ -1,0 +1,499 @@
+//! The serving side: a [`Service`] (handlers by method) run by a [`Server`] on a pool of
+//! threads, for any number of links. A reader thread per link takes its requests and hands
+//! them to the pool; handlers never run on the reader or on a progress thread.
+//!
+//! A request whose deadline passed before a pool thread took it is answered
+//! `DeadlineExceeded` without running; a cancelled one (the caller sent `Cancel`, or the
+//! link went away) is dropped; a handler that panics answers `Internal` and the server goes
+//! on; a request over the size limit answers `ResourceExhausted`, one that does not decode
+//! `InvalidArgument`, one for a method the service lacks `Unimplemented`.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+use crate::codec::{decode, encode};
+use crate::link::Link;
+use crate::method::Method;
+use crate::status::Status;
+use crate::wire::{Header, Kind, frame};
+
+/// What a handler knows of its call.
+#[derive(Debug)]
+pub struct CallContext {
+    method: &'static str,
+    deadline: Option<Instant>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl CallContext {
+    /// The method called.
+    pub fn method(&self) -> &'static str {
+        self.method
+    }
+
+    /// When the caller stops waiting (`None`: it did not say).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether the caller stopped waiting: it cancelled, its deadline passed, or its link
+    /// went away. A long handler looks now and then and gives up.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() > d)
+    }
+}
+
+/// A type-erased handler: request bytes in, response bytes out.
+type Handler = dyn Fn(&CallContext, &[u8], &Limits) -> Result<Vec<u8>, Status> + Send + Sync;
+
+/// The handlers of a service, by method id.
+pub struct Service {
+    handlers: HashMap<u32, (&'static str, Arc<Handler>)>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&str> = self.handlers.values().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        f.debug_struct("Service").field("methods", &names).finish()
+    }
+}
+
+/// Why a service could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// Two methods with one id (the same name, or names whose hashes collide).
+    #[error("methods {first:?} and {second:?} share the id {id:#010x}")]
+    DuplicateMethod {
+        /// The one registered first.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+        /// Their id.
+        id: u32,
+    },
+}
+
+/// Builds a [`Service`] one method at a time.
+#[derive(Default)]
+pub struct ServiceBuilder {
+    handlers: HashMap<u32, (&'static str, Arc<Handler>)>,
+    error: Option<ServiceError>,
+}
+
+impl std::fmt::Debug for ServiceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBuilder")
+            .field("methods", &self.handlers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// A builder.
+    pub fn builder() -> ServiceBuilder {
+        ServiceBuilder::default()
+    }
+
+    /// The names of its methods.
+    pub fn methods(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.handlers.values().map(|(n, _)| *n).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl ServiceBuilder {
+    /// Registers `handler` for method `m`: it gets the decoded request and gives the
+    /// response, or a [`Status`].
+    pub fn method<Req, Resp, F>(mut self, m: Method<Req, Resp>, handler: F) -> Self
+    where
+        Req: DeserializeOwned + 'static,
+        Resp: Serialize + 'static,
+        F: Fn(&CallContext, Req) -> Result<Resp, Status> + Send + Sync + 'static,
+    {
+        let name = m.name();
+        let h: Arc<Handler> = Arc::new(move |cx: &CallContext, body: &[u8], lim: &Limits| {
+            let req: Req = decode(body, lim.max_request).map_err(|e| {
+                Status::invalid_argument(format!("the request of {name} does not decode: {e}"))
+            })?;
+            let resp = handler(cx, req)?;
+            encode(&resp, lim.max_response).map_err(|e| {
+                Status::resource_exhausted(format!(
+                    "the response of {name} does not encode within {} bytes: {e}",
+                    lim.max_response
+                ))
+            })
+        });
+        if let Some((first, _)) = self.handlers.get(&m.id()) {
+            self.error.get_or_insert(ServiceError::DuplicateMethod {
+                first,
+                second: name,
+                id: m.id(),
+            });
+        } else {
+            self.handlers.insert(m.id(), (name, h));
+        }
+        self
+    }
+
+    /// The service.
+    ///
+    /// # Errors
+    /// [`ServiceError::DuplicateMethod`].
+    pub fn build(self) -> Result<Service, ServiceError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(Service {
+                handlers: self.handlers,
+            }),
+        }
+    }
+}
+
+/// Size limits (bytes of a request or response body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request body.
+    pub max_request: usize,
+    /// Largest response body.
+    pub max_response: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_request: 16 << 20,
+            max_response: 16 << 20,
+        }
+    }
+}
+
+/// How a server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Threads that run handlers.
+    pub threads: usize,
+    /// Calls waiting for a thread at most (beyond: `ResourceExhausted`).
+    pub queue: usize,
+    /// Size limits.
+    pub limits: Limits,
+    /// How long a response may wait for room on its link.
+    pub send_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            threads: 4,
+            queue: 4096,
+            limits: Limits::default(),
+            send_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counters of a server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests taken.
+    pub requests: u64,
+    /// Answered with a response.
+    pub ok: u64,
+    /// Answered with a failure status.
+    pub failed: u64,
+    /// Dropped unrun, their deadline past (answered `DeadlineExceeded`).
+    pub expired: u64,
+    /// Dropped unrun or unanswered, cancelled by the caller or its link's end.
+    pub cancelled: u64,
+    /// Handlers that panicked.
+    pub panics: u64,
+    /// Frames that broke the protocol (dropped).
+    pub bad_frames: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+    expired: AtomicU64,
+    cancelled: AtomicU64,
+    panics: AtomicU64,
+    bad_frames: AtomicU64,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Debug)]
+struct Shared {
+    service: Service,
+    cfg: ServerConfig,
+    counters: Counters,
+    stop: AtomicBool,
+}
+
+/// Runs a [`Service`] for links handed to [`serve`](Self::serve). Cheap to clone; the
+/// threads end once every clone is dropped and the links it serves end.
+#[derive(Debug, Clone)]
+pub struct Server {
+    sh: Arc<Shared>,
+    jobs: Sender<Job>,
+    _pool: Arc<Pool>,
+}
+
+#[derive(Debug)]
+struct Pool {
+    threads: Vec<JoinHandle<()>>,
+    stop: Sender<Job>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // (The job channel closes once every sender, readers' included, is gone; the
+        // threads then end. They are not joined here: a handler may still be running.)
+        let _ = &self.stop;
+        self.threads.clear();
+    }
+}
+
+impl Server {
+    /// A server of `service` with `cfg`'s threads.
+    ///
+    /// # Errors
+    /// The OS's, when a thread cannot be started.
+    pub fn new(service: Service, cfg: ServerConfig) -> std::io::Result<Self> {
+        let (tx, rx): (Sender<Job>, Receiver<Job>) = bounded(cfg.queue.max(1));
+        let mut threads = Vec::new();
+        for i in 0..cfg.threads.max(1) {
+            let rx = rx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("rdmx-rpc-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            job();
+                        }
+                    })?,
+            );
+        }
+        let sh = Arc::new(Shared {
+            service,
+            cfg,
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+        });
+        Ok(Self {
+            sh,
+            jobs: tx.clone(),
+            _pool: Arc::new(Pool { threads, stop: tx }),
+        })
+    }
+
+    /// Serves `link` until it ends (the peer closes or dies): a reader thread of its own
+    /// takes its requests and hands them to the pool.
+    ///
+    /// # Errors
+    /// The OS's, when the thread cannot be started.
+    pub fn serve<L: Link>(&self, link: L) -> std::io::Result<JoinHandle<()>> {
+        let (sh, jobs) = (Arc::clone(&self.sh), self.jobs.clone());
+        std::thread::Builder::new()
+            .name("rdmx-rpc-link".into())
+            .spawn(move || read_link(&sh, &jobs, Arc::new(link)))
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.sh.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            requests: l(&c.requests),
+            ok: l(&c.ok),
+            failed: l(&c.failed),
+            expired: l(&c.expired),
+            cancelled: l(&c.cancelled),
+            panics: l(&c.panics),
+            bad_frames: l(&c.bad_frames),
+        }
+    }
+
+    /// Asks the readers to stop taking requests (each notices within 100 ms).
+    pub fn shutdown(&self) {
+        self.sh.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Calls of one link under way, by id: their cancel flags.
+type InFlight = Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>;
+
+fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>, Status>) {
+    let (status, body) = match r {
+        Ok(b) => {
+            sh.counters.ok.fetch_add(1, Ordering::Relaxed);
+            (None, b)
+        }
+        Err(s) => {
+            sh.counters.failed.fetch_add(1, Ordering::Relaxed);
+            (Some(s.code), s.message.into_bytes())
+        }
+    };
+    let f = frame(
+        Header {
+            kind: Kind::Response,
+            status,
+            method,
+            id,
+            budget_us: 0,
+            len: 0,
+        },
+        &body,
+    );
+    if let Err(e) = link.send_timeout(&f, sh.cfg.send_timeout) {
+        tracing::debug!("an RPC response could not be sent: {e}");
+    }
+}
+
+fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
+    let in_flight: InFlight = Arc::default();
+    while !sh.stop.load(Ordering::Acquire) {
+        let m = match link.recv_timeout(Duration::from_millis(100)) {
+            Ok(m) => m,
+            Err(rdmx_core::Error::Timeout(_)) => continue,
+            Err(_) => break,
+        };
+        let (h, body_len) = match Header::parse(&m) {
+            Ok((h, body)) => (h, body.len()),
+            Err(e) => {
+                tracing::debug!("a bad RPC frame: {e}");
+                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        match h.kind {
+            Kind::Request => {}
+            Kind::Cancel => {
+                if let Some(flag) = in_flight.lock().get(&h.id) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                continue;
+            }
+            Kind::Response => {
+                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        }
+        sh.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let arrived = Instant::now();
+        let Some((name, handler)) = sh.service.handlers.get(&h.method).cloned() else {
+            let r = Err(Status::unimplemented(format!(
+                "no method {:#010x} here",
+                h.method
+            )));
+            reply(sh, &*link, h.id, h.method, r);
+            continue;
+        };
+        let lim = sh.cfg.limits;
+        if body_len > lim.max_request {
+            let r = Err(Status::resource_exhausted(format!(
+                "a request of {body_len} bytes to {name}; the server takes at most {}",
+                lim.max_request
+            )));
+            reply(sh, &*link, h.id, h.method, r);
+            continue;
+        }
+        let deadline =
+            (h.budget_us > 0).then(|| arrived + Duration::from_micros(u64::from(h.budget_us)));
+        let flag = Arc::new(AtomicBool::new(false));
+        in_flight.lock().insert(h.id, Arc::clone(&flag));
+        let job = {
+            let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(&link), Arc::clone(&in_flight));
+            move || {
+                run_call(&sh, &*link, &h, &m, name, &*handler, deadline, &flag);
+                in_flight.lock().remove(&h.id);
+            }
+        };
+        match jobs.try_send(Box::new(job)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                in_flight.lock().remove(&h.id);
+                let r = Err(Status::resource_exhausted(format!(
+                    "the server's queue is full ({} calls wait)",
+                    sh.cfg.queue
+                )));
+                reply(sh, &*link, h.id, h.method, r);
+            }
+            Err(TrySendError::Disconnected(_)) => break,
+        }
+    }
+    // The link ended (or the server stops): its calls are nobody's any more.
+    for flag in in_flight.lock().values() {
+        flag.store(true, Ordering::Relaxed);
+    }
+    link.start_close();
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call's parts, taken apart once"
+)]
+fn run_call<L: Link>(
+    sh: &Shared,
+    link: &L,
+    h: &Header,
+    m: &L::Frame,
+    name: &'static str,
+    handler: &Handler,
+    deadline: Option<Instant>,
+    flag: &Arc<AtomicBool>,
+) {
+    if flag.load(Ordering::Relaxed) {
+        sh.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if deadline.is_some_and(|d| Instant::now() > d) {
+        sh.counters.expired.fetch_add(1, Ordering::Relaxed);
+        let r = Err(Status::deadline_exceeded(format!(
+            "{name} waited past its deadline for a server thread"
+        )));
+        reply(sh, link, h.id, h.method, r);
+        return;
+    }
+    let body = m.get(crate::wire::HEADER_LEN..).unwrap_or_default();
+    let cx = CallContext {
+        method: name,
+        deadline,
+        cancelled: Arc::clone(flag),
+    };
+    let lim = sh.cfg.limits;
+    let r = match catch_unwind(AssertUnwindSafe(|| handler(&cx, body, &lim))) {
+        Ok(r) => r,
+        Err(p) => {
+            sh.counters.panics.fetch_add(1, Ordering::Relaxed);
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Status::internal(format!(
+                "the handler of {name} panicked: {what}"
+            )))
+        }
+    };
+    if flag.load(Ordering::Relaxed) {
+        // Cancelled while it ran: nobody waits for the answer.
+        sh.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    reply(sh, link, h.id, h.method, r);
+}
