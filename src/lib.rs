@@ -8,6 +8,8 @@
 //!   [`Endpoint`] (ordered, exactly-once, flow-controlled messages and one-sided
 //!   operations), [`Message`], [`Buf`], [`SharedBytes`] (application memory sent
 //!   zero-copy through the registration cache), [`Node`] (XRC), [`Event`], [`Error`];
+//! * [`rpc`]: typed request/response services over endpoints (`rdmx::Endpoint` is an
+//!   [`rpc::Link`]);
 //! * [`core`]: the worker and its `Transport` trait, configuration, buffer pool, frame
 //!   header, credits, bootstrap;
 //! * [`verbs`]: devices, protection domains, memory regions, completion queues and queue
@@ -30,6 +32,7 @@
 pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::TransportKind as Transport;
 pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
+pub use rdmx_rpc as rpc;
 mod context;
 mod endpoint;
 
