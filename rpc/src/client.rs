@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -46,18 +46,46 @@ impl Default for ClientConfig {
 /// What a response is, for the call that waits for it.
 type Reply<F> = Result<F, Status>;
 
+/// What a blocking caller's channel carries: its reply, or a nudge to take the reading
+/// over (the caller that read for everybody got its own response and left).
+enum Note<F> {
+    Reply(Reply<F>),
+    Lead,
+}
+
+/// How long a caller that reads for everybody waits for a frame before it looks at its
+/// deadline again (a frame ends the wait at once).
+const LEAD_SLICE: Duration = Duration::from_millis(10);
+/// How long a caller that waits for its reply sleeps before it looks whether it may read
+/// (a nudge, or its reply, wakes it sooner).
+const FOLLOW_SLICE: Duration = Duration::from_millis(1);
+
 /// Where a call's response goes.
 enum Waiter<F> {
-    Blocking(Sender<Reply<F>>),
+    Blocking(Sender<Note<F>>),
     #[cfg(feature = "tokio")]
     Async(tokio::sync::oneshot::Sender<Reply<F>>),
 }
 
 impl<F> Waiter<F> {
+    /// Asks a blocking caller to take the reading over (`false`: not a blocking caller).
+    fn nudge(&self) -> bool {
+        match self {
+            Self::Blocking(tx) => {
+                if tx.is_empty() {
+                    let _ = tx.send(Note::Lead);
+                }
+                true
+            }
+            #[cfg(feature = "tokio")]
+            Self::Async(_) => false,
+        }
+    }
+
     fn give(self, r: Reply<F>) {
         match self {
             Self::Blocking(tx) => {
-                let _ = tx.send(r);
+                let _ = tx.send(Note::Reply(r));
             }
             #[cfg(feature = "tokio")]
             Self::Async(tx) => {
@@ -69,6 +97,13 @@ impl<F> Waiter<F> {
 
 struct Shared<L: Link> {
     link: L,
+    /// Held by the one thread that reads the link (a waiting caller, or the async reader).
+    read_token: Mutex<()>,
+    /// Async calls waiting (the reader thread reads for them).
+    #[cfg(feature = "tokio")]
+    async_pending: std::sync::atomic::AtomicUsize,
+    #[cfg(feature = "tokio")]
+    reader: Mutex<Option<std::thread::Thread>>,
     cfg: ClientConfig,
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, Waiter<L::Frame>>>,
@@ -134,6 +169,11 @@ impl<L: Link> Client<L> {
     pub fn new(link: L, cfg: ClientConfig) -> std::io::Result<Self> {
         let sh = Arc::new(Shared {
             link,
+            read_token: Mutex::new(()),
+            #[cfg(feature = "tokio")]
+            async_pending: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(feature = "tokio")]
+            reader: Mutex::new(None),
             cfg,
             next_id: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
@@ -142,10 +182,16 @@ impl<L: Link> Client<L> {
             strays: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
         });
-        let reader = Arc::clone(&sh);
-        std::thread::Builder::new()
-            .name("rdmx-rpc-client".into())
-            .spawn(move || read_responses(&reader))?;
+        // Blocking calls read the link themselves (the first one waiting reads for all, so
+        // a call costs no hand-over between threads); async calls have a reader thread.
+        #[cfg(feature = "tokio")]
+        {
+            let reader = Arc::clone(&sh);
+            let t = std::thread::Builder::new()
+                .name("rdmx-rpc-client".into())
+                .spawn(move || read_for_async(&reader))?;
+            *sh.reader.lock() = Some(t.thread().clone());
+        }
         Ok(Self {
             _stop: Arc::new(StopOnDrop(Arc::clone(&sh))),
             sh,
@@ -189,7 +235,8 @@ impl<L: Link> Client<L> {
         req: &Req,
         timeout: Duration,
     ) -> Result<PendingCall<L, Resp>, Status> {
-        let (tx, rx) = bounded(1);
+        // (Unbounded: a reply never waits behind nudges.)
+        let (tx, rx) = unbounded();
         let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Blocking(tx))?;
         Ok(PendingCall {
             sh: Arc::clone(&self.sh),
@@ -216,6 +263,7 @@ impl<L: Link> Client<L> {
     ) -> Result<Resp, Status> {
         let timeout = self.sh.cfg.timeout;
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let _counted = AsyncCount::new(&self.sh);
         let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Async(tx))?;
         // Cancels the call if this future is dropped before the response.
         let mut guard = CancelGuard {
@@ -327,6 +375,28 @@ fn cancel<L: Link>(sh: &Shared<L>, id: u64, method: u32) {
     let _ = sh.link.send_timeout(&f, Duration::from_millis(100));
 }
 
+/// Counts an async call while it waits, and wakes the reader thread for it.
+#[cfg(feature = "tokio")]
+struct AsyncCount<'a, L: Link>(&'a Shared<L>);
+
+#[cfg(feature = "tokio")]
+impl<'a, L: Link> AsyncCount<'a, L> {
+    fn new(sh: &'a Shared<L>) -> Self {
+        sh.async_pending.fetch_add(1, Ordering::AcqRel);
+        if let Some(t) = sh.reader.lock().as_ref() {
+            t.unpark();
+        }
+        Self(sh)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<L: Link> Drop for AsyncCount<'_, L> {
+    fn drop(&mut self) {
+        self.0.async_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(feature = "tokio")]
 struct CancelGuard<L: Link> {
     sh: Arc<Shared<L>>,
@@ -347,7 +417,7 @@ impl<L: Link> Drop for CancelGuard<L> {
 /// A call under way ([`Client::start`]).
 pub struct PendingCall<L: Link, Resp> {
     sh: Arc<Shared<L>>,
-    rx: Receiver<Reply<L::Frame>>,
+    rx: Receiver<Note<L::Frame>>,
     id: u64,
     method: u32,
     timeout: Duration,
@@ -374,20 +444,42 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
     /// # Errors
     /// The call's [`Status`].
     pub fn wait(mut self) -> Result<Resp, Status> {
-        let r = match self.rx.recv_timeout(self.timeout) {
-            Ok(r) => {
-                self.done = true;
-                r
+        let deadline = Instant::now() + self.timeout;
+        let r = loop {
+            if let Ok(Note::Reply(r)) = self.rx.try_recv() {
+                break r;
             }
-            Err(RecvTimeoutError::Timeout) => Err(Status::deadline_exceeded(format!(
-                "no response within {:?}",
-                self.timeout
-            ))),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.done = true;
-                Err(Status::unavailable("the client's link ended"))
+            let now = Instant::now();
+            if now >= deadline {
+                // (Not done: dropping `self` tells the server.)
+                return Err(Status::deadline_exceeded(format!(
+                    "no response within {:?}",
+                    self.timeout
+                )));
+            }
+            let left = deadline - now;
+            if let Some(token) = self.sh.read_token.try_lock() {
+                // We read for everybody until our response comes.
+                if let Err(s) = read_one(&self.sh, left.min(LEAD_SLICE)) {
+                    drop(token);
+                    break Err(s);
+                }
+                if let Ok(Note::Reply(r)) = self.rx.try_recv() {
+                    drop(token);
+                    nudge_one(&self.sh);
+                    break r;
+                }
+                continue;
+            }
+            match self.rx.recv_timeout(left.min(FOLLOW_SLICE)) {
+                Ok(Note::Reply(r)) => break r,
+                Ok(Note::Lead) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    break Err(Status::unavailable("the client's link ended"));
+                }
             }
         };
+        self.done = true;
         let f = r?;
         decode_response(&f, self.sh.cfg.limits.max_response)
     }
@@ -397,7 +489,14 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
     /// # Errors
     /// The call's [`Status`].
     pub fn try_wait(&mut self) -> Option<Result<Resp, Status>> {
-        let r = self.rx.try_recv().ok()?;
+        // Nobody may be reading: read what is there (without waiting) if we may.
+        if let Some(_token) = self.sh.read_token.try_lock() {
+            let _ = read_one(&self.sh, Duration::ZERO);
+        }
+        let r = match self.rx.try_recv().ok()? {
+            Note::Reply(r) => r,
+            Note::Lead => return None,
+        };
         self.done = true;
         Some(r.and_then(|f| decode_response(&f, self.sh.cfg.limits.max_response)))
     }
@@ -422,49 +521,73 @@ fn decode_response<T: DeserializeOwned>(f: &[u8], limit: usize) -> Result<T, Sta
     }
 }
 
-fn read_responses<L: Link>(sh: &Shared<L>) {
-    let why = loop {
-        if sh.stop.load(Ordering::Acquire) {
-            break Status::cancelled("the client was dropped");
-        }
-        let m = match sh.link.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => m,
-            Err(rdmx_core::Error::Timeout(_)) => continue,
-            Err(e) => break Status::from_transport(&e),
-        };
-        let id = match Header::parse(&m) {
-            Ok((h, _)) if h.kind == Kind::Response => h.id,
-            Ok(_) | Err(_) => {
-                sh.bad_frames.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-        };
-        if m.len() > HEADER_LEN + sh.cfg.limits.max_response {
-            let s = Status::resource_exhausted(format!(
-                "a response of {} bytes; the client takes at most {}",
-                m.len() - HEADER_LEN,
-                sh.cfg.limits.max_response
-            ));
-            if let Some(w) = sh.pending.lock().remove(&id) {
-                w.give(Err(s));
-            }
-            continue;
-        }
-        match sh.pending.lock().remove(&id) {
-            Some(w) => w.give(Ok(m)),
-            None => {
-                sh.strays.fetch_add(1, Ordering::Relaxed);
-            }
+/// Reads one frame, waiting up to `timeout`, and gives it to its call. `Err`: the link
+/// ended (every waiting call has been failed with the returned status).
+fn read_one<L: Link>(sh: &Shared<L>, timeout: Duration) -> Result<(), Status> {
+    if let Some(s) = sh.gone.lock().clone() {
+        return Err(s);
+    }
+    let m = match sh.link.recv_timeout(timeout) {
+        Ok(m) => m,
+        Err(rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock) => return Ok(()),
+        Err(e) => return Err(end(sh, &Status::from_transport(&e))),
+    };
+    let id = match Header::parse(&m) {
+        Ok((h, _)) if h.kind == Kind::Response => h.id,
+        Ok(_) | Err(_) => {
+            sh.bad_frames.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
     };
-    // Every call still waiting, and every later one, fails.
-    let why = match why.code {
-        crate::status::Code::Cancelled => why,
-        _ => Status::unavailable(format!("the link ended: {}", why.message)),
+    let w = sh.pending.lock().remove(&id);
+    let Some(w) = w else {
+        sh.strays.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
     };
+    if m.len() > HEADER_LEN + sh.cfg.limits.max_response {
+        w.give(Err(Status::resource_exhausted(format!(
+            "a response of {} bytes; the client takes at most {}",
+            m.len() - HEADER_LEN,
+            sh.cfg.limits.max_response
+        ))));
+    } else {
+        w.give(Ok(m));
+    }
+    Ok(())
+}
+
+/// The link ended because of `why`: every call waiting, and every later one, fails.
+fn end<L: Link>(sh: &Shared<L>, why: &Status) -> Status {
+    let why = Status::unavailable(format!("the link ended: {}", why.message));
     *sh.gone.lock() = Some(why.clone());
     let waiting: Vec<Waiter<L::Frame>> = sh.pending.lock().drain().map(|(_, w)| w).collect();
     for w in waiting {
         w.give(Err(why.clone()));
+    }
+    why
+}
+
+/// A caller that read for everybody leaves: one blocking caller still waiting takes over.
+fn nudge_one<L: Link>(sh: &Shared<L>) {
+    let pending = sh.pending.lock();
+    for w in pending.values() {
+        if w.nudge() {
+            return;
+        }
+    }
+}
+
+/// The reader thread of async calls: reads while any waits, else sleeps.
+#[cfg(feature = "tokio")]
+fn read_for_async<L: Link>(sh: &Shared<L>) {
+    while !sh.stop.load(Ordering::Acquire) {
+        if sh.async_pending.load(Ordering::Acquire) == 0 {
+            std::thread::park_timeout(Duration::from_millis(100));
+            continue;
+        }
+        let _token = sh.read_token.lock();
+        if read_one(sh, LEAD_SLICE).is_err() {
+            return;
+        }
     }
 }

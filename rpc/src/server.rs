@@ -183,7 +183,9 @@ impl Default for Limits {
 /// How a server runs.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Threads that run handlers.
+    /// Threads that run handlers. 0: each link's handlers run on its reader thread, one call
+    /// at a time per link (no hand-over between threads: the lowest latency, for handlers
+    /// that are short; a slow one holds its link's other calls back).
     pub threads: usize,
     /// Calls waiting for a thread at most (beyond: `ResourceExhausted`).
     pub queue: usize,
@@ -276,7 +278,7 @@ impl Server {
     pub fn new(service: Service, cfg: ServerConfig) -> std::io::Result<Self> {
         let (tx, rx): (Sender<Job>, Receiver<Job>) = bounded(cfg.queue.max(1));
         let mut threads = Vec::new();
-        for i in 0..cfg.threads.max(1) {
+        for i in 0..cfg.threads {
             let rx = rx.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -416,6 +418,12 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
             (h.budget_us > 0).then(|| arrived + Duration::from_micros(u64::from(h.budget_us)));
         let flag = Arc::new(AtomicBool::new(false));
         in_flight.lock().insert(h.id, Arc::clone(&flag));
+        if sh.cfg.threads == 0 {
+            // Inline: on this reader thread.
+            run_call(sh, &*link, &h, &m, name, &*handler, deadline, &flag);
+            in_flight.lock().remove(&h.id);
+            continue;
+        }
         let job = {
             let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(&link), Arc::clone(&in_flight));
             move || {

@@ -304,3 +304,51 @@ async fn async_calls_and_a_dropped_future_cancels_at_the_server() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[test]
+fn many_threads_calling_at_once_all_get_their_answers() {
+    let (server, client, _) = setup(4, Limits::default());
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let c = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..300u64 {
+                    let us = (t * 7 + i) % 13;
+                    assert_eq!(c.call(SLEEP, &us).unwrap(), us);
+                    let s = format!("{t}-{i}");
+                    assert_eq!(c.call(ECHO, &s).unwrap(), s);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(server.stats().ok, 16 * 600);
+    assert_eq!(client.in_flight(), 0);
+}
+
+#[test]
+fn inline_handlers_on_the_links_reader_thread() {
+    let (server, client, _) = setup(0, Limits::default());
+    let calls: Vec<_> = (0..200u64)
+        .map(|i| {
+            (
+                i,
+                client
+                    .start(SLEEP, &(i % 3), Duration::from_secs(10))
+                    .unwrap(),
+            )
+        })
+        .collect();
+    for (i, c) in calls {
+        assert_eq!(c.wait().unwrap(), i % 3);
+    }
+    assert_eq!(client.call(PANIC, &()).unwrap_err().code, Code::Internal);
+    assert_eq!(client.call(ECHO, &"inline".into()).unwrap(), "inline");
+    assert_eq!(
+        client.call(NOT_THERE, &()).unwrap_err().code,
+        Code::Unimplemented
+    );
+    assert_eq!(server.stats().ok, 201);
+}

@@ -20,6 +20,7 @@ mod lat;
 mod mcast;
 mod msg;
 mod report;
+mod rpc;
 mod server;
 mod spec;
 
@@ -140,6 +141,8 @@ pub(crate) enum Layer {
     /// A reliable multicast group: one publisher, `--subs` subscribers (tests rate, lat;
     /// `--local` only).
     Mcast,
+    /// rdmx-rpc echo calls against a server process (tests lat, rate; `--local` only).
+    Rpc,
 }
 
 /// The values of `--test`: the verbs-level tests and the message-level ones.
@@ -333,6 +336,15 @@ pub(crate) struct PerfArgs {
     /// publisher's repair holdoff, in microseconds [default: McastConfig's].
     #[arg(long)]
     mcast_nak_delay_us: Option<u64>,
+    /// --layer rpc, rate: calls kept in flight.
+    #[arg(long, default_value_t = 64)]
+    rpc_depth: usize,
+    /// --layer rpc: the server's handler threads.
+    #[arg(long, default_value_t = 2)]
+    rpc_threads: usize,
+    /// (The server process of --layer rpc.)
+    #[arg(long, hide = true)]
+    rpc_serve: bool,
     /// (The subscriber process of --layer mcast: the group to join.)
     #[arg(long, hide = true)]
     mcast_sub: Option<String>,
@@ -376,6 +388,9 @@ fn parse_count(s: &str) -> std::result::Result<u64, String> {
 pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     if args.layer == Layer::Mcast {
         return mcast::run(args);
+    }
+    if args.layer == Layer::Rpc {
+        return rpc::run(args);
     }
     let modes =
         usize::from(args.server) + usize::from(args.local) + usize::from(args.connect.is_some());

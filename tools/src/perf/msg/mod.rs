@@ -65,7 +65,7 @@ fn close(ep: rdmx::Endpoint) -> Result<()> {
 
 /// Context for the errors of the message layer. Its errors print their cause and also return
 /// it as their source, so the chain is flattened here with the repeats left out.
-trait RdmxResultExt<T> {
+pub(super) trait RdmxResultExt<T> {
     /// Wraps the error with "`what`: error".
     fn rctx(self, what: &str) -> Result<T>;
     /// Like [`rctx`](Self::rctx) with a message built only on error.
@@ -215,7 +215,7 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
 
 /// The message-layer transport for `--transport`, else `RDMX_TRANSPORT` (as a context
 /// reads it), else RC.
-fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
+pub(super) fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
     let Some(arg) = arg else {
         return match std::env::var("RDMX_TRANSPORT").as_deref() {
             Err(_) | Ok("rc") => Ok(MsgTransport::Rc),
@@ -234,7 +234,7 @@ fn transport(arg: Option<TransportArg>) -> Result<MsgTransport> {
 }
 
 /// The name of a message-layer transport in reports.
-fn transport_name(t: MsgTransport) -> &'static str {
+pub(super) fn transport_name(t: MsgTransport) -> &'static str {
     match t {
         MsgTransport::Rc => "rc",
         MsgTransport::Xrc => "xrc",
@@ -245,7 +245,11 @@ fn transport_name(t: MsgTransport) -> &'static str {
 /// Creates this side's context: `device` (else `$RDMX_DEVICE`, else `soft:127.0.0.1`), the
 /// transport, and with `busy` a busy-poll time of [`BUSY_POLL`]; everything else comes from
 /// the `RDMX_*` variables.
-fn open_context(device: Option<&str>, transport: MsgTransport, busy: bool) -> Result<Context> {
+pub(super) fn open_context(
+    device: Option<&str>,
+    transport: MsgTransport,
+    busy: bool,
+) -> Result<Context> {
     let mut b = Context::builder().transport(transport);
     if let Some(d) = device {
         b = b.device(d);
