@@ -52,6 +52,11 @@ fn one_sided_on_ud() -> Error {
 }
 
 impl Endpoint {
+    /// The worker the endpoint runs on (its context's).
+    pub fn worker(&self) -> &rdmx_core::worker::Worker {
+        both!(self, e => e.worker())
+    }
+
     /// The RC/XRC endpoint underneath, if it is one.
     pub fn as_rc(&self) -> Option<&rdmx_rc::Endpoint> {
         match &self.0 {
@@ -353,5 +358,9 @@ impl rdmx_rpc::Link for Endpoint {
 
     fn start_close(&self) {
         Self::start_close(self);
+    }
+
+    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        Some(self.worker().batch())
     }
 }

@@ -291,6 +291,13 @@ impl<L: Link> Client<L> {
         decode_response(&f, self.sh.cfg.limits.max_response)
     }
 
+    /// Opens a send batch on this thread, if the link has them: calls started until the
+    /// guard drops may leave together, packed (many small calls started in a row cost a
+    /// few sends instead of one each).
+    pub fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        self.sh.link.batch()
+    }
+
     /// Calls waiting for their response now.
     pub fn in_flight(&self) -> usize {
         self.sh.pending.lock().len()

@@ -27,6 +27,12 @@ pub trait Link: Send + Sync + 'static {
 
     /// Starts an orderly close (what was sent still arrives).
     fn start_close(&self);
+
+    /// Opens a send batch on this thread, if the link has them: until the guard drops,
+    /// small messages sent may leave together, packed (see `Worker::batch`).
+    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        None
+    }
 }
 
 impl Link for rdmx_rc::Endpoint {
@@ -43,6 +49,9 @@ impl Link for rdmx_rc::Endpoint {
     fn start_close(&self) {
         Self::start_close(self);
     }
+    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        Some(self.worker().batch())
+    }
 }
 
 impl Link for rdmx_ud::Endpoint {
@@ -58,6 +67,9 @@ impl Link for rdmx_ud::Endpoint {
 
     fn start_close(&self) {
         Self::start_close(self);
+    }
+    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        Some(self.worker().batch())
     }
 }
 

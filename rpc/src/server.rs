@@ -366,82 +366,37 @@ fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>
     }
 }
 
+/// Frames an inline reader takes in one go when more are waiting (their responses leave
+/// in one send batch).
+const INLINE_DRAIN: usize = 64;
+
 fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
     let in_flight: InFlight = Arc::default();
-    while !sh.stop.load(Ordering::Acquire) {
+    'link: while !sh.stop.load(Ordering::Acquire) {
         let m = match link.recv_timeout(Duration::from_millis(100)) {
             Ok(m) => m,
             Err(rdmx_core::Error::Timeout(_)) => continue,
             Err(_) => break,
         };
-        let (h, body_len) = match Header::parse(&m) {
-            Ok((h, body)) => (h, body.len()),
-            Err(e) => {
-                tracing::debug!("a bad RPC frame: {e}");
-                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                continue;
+        if sh.cfg.threads > 0 {
+            if !take_frame(sh, jobs, &link, &in_flight, m) {
+                break;
             }
-        };
-        match h.kind {
-            Kind::Request => {}
-            Kind::Cancel => {
-                if let Some(flag) = in_flight.lock().get(&h.id) {
-                    flag.store(true, Ordering::Relaxed);
-                }
-                continue;
-            }
-            Kind::Response => {
-                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-        }
-        sh.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let arrived = Instant::now();
-        let Some((name, handler)) = sh.service.handlers.get(&h.method).cloned() else {
-            let r = Err(Status::unimplemented(format!(
-                "no method {:#010x} here",
-                h.method
-            )));
-            reply(sh, &*link, h.id, h.method, r);
-            continue;
-        };
-        let lim = sh.cfg.limits;
-        if body_len > lim.max_request {
-            let r = Err(Status::resource_exhausted(format!(
-                "a request of {body_len} bytes to {name}; the server takes at most {}",
-                lim.max_request
-            )));
-            reply(sh, &*link, h.id, h.method, r);
             continue;
         }
-        let deadline =
-            (h.budget_us > 0).then(|| arrived + Duration::from_micros(u64::from(h.budget_us)));
-        let flag = Arc::new(AtomicBool::new(false));
-        in_flight.lock().insert(h.id, Arc::clone(&flag));
-        if sh.cfg.threads == 0 {
-            // Inline: on this reader thread.
-            run_call(sh, &*link, &h, &m, name, &*handler, deadline, &flag);
-            in_flight.lock().remove(&h.id);
-            continue;
-        }
-        let job = {
-            let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(&link), Arc::clone(&in_flight));
-            move || {
-                run_call(&sh, &*link, &h, &m, name, &*handler, deadline, &flag);
-                in_flight.lock().remove(&h.id);
+        // Inline: this call, and those that are already waiting behind it, their
+        // responses in one send batch.
+        let _batch = link.batch();
+        let mut next = Some(m);
+        let mut taken = 0;
+        while let Some(m) = next.take() {
+            if !take_frame(sh, jobs, &link, &in_flight, m) {
+                break 'link;
             }
-        };
-        match jobs.try_send(Box::new(job)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                in_flight.lock().remove(&h.id);
-                let r = Err(Status::resource_exhausted(format!(
-                    "the server's queue is full ({} calls wait)",
-                    sh.cfg.queue
-                )));
-                reply(sh, &*link, h.id, h.method, r);
+            taken += 1;
+            if taken < INLINE_DRAIN {
+                next = link.recv_timeout(Duration::ZERO).ok();
             }
-            Err(TrySendError::Disconnected(_)) => break,
         }
     }
     // The link ended (or the server stops): its calls are nobody's any more.
@@ -449,6 +404,88 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
         flag.store(true, Ordering::Relaxed);
     }
     link.start_close();
+}
+
+/// Takes one frame of `link`: a request is answered at once (no such method, too large),
+/// run here (inline) or handed to the pool; a cancel marks its call. `false`: the pool is
+/// gone.
+fn take_frame<L: Link>(
+    sh: &Arc<Shared>,
+    jobs: &Sender<Job>,
+    link: &Arc<L>,
+    in_flight: &InFlight,
+    m: L::Frame,
+) -> bool {
+    let (h, body_len) = match Header::parse(&m) {
+        Ok((h, body)) => (h, body.len()),
+        Err(e) => {
+            tracing::debug!("a bad RPC frame: {e}");
+            sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+    };
+    match h.kind {
+        Kind::Request => {}
+        Kind::Cancel => {
+            if let Some(flag) = in_flight.lock().get(&h.id) {
+                flag.store(true, Ordering::Relaxed);
+            }
+            return true;
+        }
+        Kind::Response => {
+            sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+    }
+    sh.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let arrived = Instant::now();
+    let Some((name, handler)) = sh.service.handlers.get(&h.method).cloned() else {
+        let r = Err(Status::unimplemented(format!(
+            "no method {:#010x} here",
+            h.method
+        )));
+        reply(sh, &**link, h.id, h.method, r);
+        return true;
+    };
+    let lim = sh.cfg.limits;
+    if body_len > lim.max_request {
+        let r = Err(Status::resource_exhausted(format!(
+            "a request of {body_len} bytes to {name}; the server takes at most {}",
+            lim.max_request
+        )));
+        reply(sh, &**link, h.id, h.method, r);
+        return true;
+    }
+    let deadline =
+        (h.budget_us > 0).then(|| arrived + Duration::from_micros(u64::from(h.budget_us)));
+    let flag = Arc::new(AtomicBool::new(false));
+    if sh.cfg.threads == 0 {
+        // Inline: on this reader thread (nothing can cancel it meanwhile: the reader is
+        // busy here).
+        run_call(sh, &**link, &h, &m, name, &*handler, deadline, &flag);
+        return true;
+    }
+    in_flight.lock().insert(h.id, Arc::clone(&flag));
+    let job = {
+        let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(link), Arc::clone(in_flight));
+        move || {
+            run_call(&sh, &*link, &h, &m, name, &*handler, deadline, &flag);
+            in_flight.lock().remove(&h.id);
+        }
+    };
+    match jobs.try_send(Box::new(job)) {
+        Ok(()) => true,
+        Err(TrySendError::Full(_)) => {
+            in_flight.lock().remove(&h.id);
+            let r = Err(Status::resource_exhausted(format!(
+                "the server's queue is full ({} calls wait)",
+                sh.cfg.queue
+            )));
+            reply(sh, &**link, h.id, h.method, r);
+            true
+        }
+        Err(TrySendError::Disconnected(_)) => false,
+    }
 }
 
 #[expect(

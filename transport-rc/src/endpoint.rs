@@ -49,6 +49,11 @@ impl Endpoint {
         self.peer
     }
 
+    /// The worker the endpoint runs on (for its send batches: [`Worker::batch`]).
+    pub fn worker(&self) -> &rdmx_core::worker::Worker {
+        &self.rc.w
+    }
+
     /// The endpoint's identifier (unique within its context; also in [`Message::endpoint`]
     /// and in events).
     pub fn id(&self) -> u64 {

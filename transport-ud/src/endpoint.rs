@@ -22,6 +22,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// The worker the endpoint runs on (for its send batches: [`Worker::batch`]).
+    pub fn worker(&self) -> &rdmx_core::worker::Worker {
+        &self.u.w
+    }
+
     /// The endpoint's id (in events and messages).
     pub fn id(&self) -> u64 {
         self.id

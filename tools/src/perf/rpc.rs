@@ -147,22 +147,35 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
             progress.update(i);
         }
     } else {
+        // Keep `depth` calls in flight: wait for the oldest, take whatever else has come,
+        // and start as many new calls in one send batch.
         let mut ring = std::collections::VecDeque::with_capacity(depth);
-        for i in 0..calls {
-            if ring.len() == depth
-                && let Some(p) = ring.pop_front()
-            {
-                check(rdmx::rpc::PendingCall::wait(p))?;
+        let mut started = 0u64;
+        while started < calls || !ring.is_empty() {
+            if ring.len() == depth || started == calls {
+                if let Some(p) = ring.pop_front() {
+                    check(rdmx::rpc::PendingCall::wait(p))?;
+                }
+                while let Some(p) = ring.front_mut() {
+                    match p.try_wait() {
+                        Some(r) => {
+                            check(r)?;
+                            ring.pop_front();
+                        }
+                        None => break,
+                    }
+                }
             }
-            ring.push_back(
-                client
-                    .start(ECHO, &req, timeout)
-                    .map_err(|s| Error::msg(format!("a call failed to start: {s}")))?,
-            );
-            progress.update(i);
-        }
-        for p in ring {
-            check(p.wait())?;
+            let _batch = client.batch();
+            while ring.len() < depth && started < calls {
+                ring.push_back(
+                    client
+                        .start(ECHO, &req, timeout)
+                        .map_err(|s| Error::msg(format!("a call failed to start: {s}")))?,
+                );
+                started += 1;
+            }
+            progress.update(started);
         }
     }
     let secs = start.elapsed().as_secs_f64();
