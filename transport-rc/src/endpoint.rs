@@ -49,7 +49,8 @@ impl Endpoint {
         self.peer
     }
 
-    /// The worker the endpoint runs on (for its send batches: [`Worker::batch`]).
+    /// The worker the endpoint runs on (for its send batches:
+    /// [`Worker::batch`](rdmx_core::worker::Worker::batch)).
     pub fn worker(&self) -> &rdmx_core::worker::Worker {
         &self.rc.w
     }

@@ -22,7 +22,8 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// The worker the endpoint runs on (for its send batches: [`Worker::batch`]).
+    /// The worker the endpoint runs on (for its send batches:
+    /// [`Worker::batch`](rdmx_core::worker::Worker::batch)).
     pub fn worker(&self) -> &rdmx_core::worker::Worker {
         &self.u.w
     }
