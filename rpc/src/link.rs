@@ -35,6 +35,28 @@ pub trait Link: Send + Sync + 'static {
     }
 }
 
+/// A shared link (for a client that also uses the endpoint for something else, such as
+/// one-sided reads).
+impl<L: Link> Link for std::sync::Arc<L> {
+    type Frame = L::Frame;
+
+    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
+        (**self).send_timeout(data, timeout)
+    }
+
+    fn recv_timeout(&self, timeout: Duration) -> Result<Self::Frame> {
+        (**self).recv_timeout(timeout)
+    }
+
+    fn start_close(&self) {
+        (**self).start_close();
+    }
+
+    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        (**self).batch()
+    }
+}
+
 impl Link for rdmx_rc::Endpoint {
     type Frame = Message;
 

@@ -1,0 +1,372 @@
+//! The YCSB-style bench: `clients` threads, each a context and a connection of its own,
+//! run a [`Mix`] of reads and updates on keys drawn by a [`Dist`] for `secs` seconds, with
+//! a live line once a second; then ops/s and p50/p99/p99.9 per operation type.
+//!
+//! Reads are one-sided (RDMA READ of the key's slots) or through the server (RPC);
+//! updates go through the server. With `depth` > 1 a client keeps that many RPC operations
+//! in flight (one-sided reads run between them, one at a time). Every value read is
+//! checked (the key's, whole: never torn or mixed).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdmx::rpc::PendingCall;
+
+use crate::workload::{Dist, KeyGen, Mix, Rng, check_value, key, value};
+use crate::{KvClient, KvError, ReadStats, methods};
+
+/// What the bench runs.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The read/update mix.
+    pub mix: Mix,
+    /// The key distribution.
+    pub dist: Dist,
+    /// Keys (loaded before the run).
+    pub keys: u64,
+    /// Value bytes (at least 16).
+    pub value_size: usize,
+    /// Client threads.
+    pub clients: usize,
+    /// RPC operations in flight per client.
+    pub depth: usize,
+    /// Seconds measured.
+    pub secs: f64,
+    /// Reads one-sided (else through the server).
+    pub one_sided: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            mix: Mix::B,
+            dist: Dist::Zipf(0.99),
+            keys: 10_000,
+            value_size: 64,
+            clients: 1,
+            depth: 1,
+            secs: 5.0,
+            one_sided: true,
+        }
+    }
+}
+
+/// Latency statistics of one operation type (microseconds).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct OpStats {
+    /// Operations done.
+    pub ops: u64,
+    /// Per second.
+    pub ops_per_s: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+}
+
+/// What the bench measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    /// The mix's letter.
+    pub workload: &'static str,
+    /// "uniform" or "zipf".
+    pub dist: String,
+    /// Value bytes.
+    pub value_size: usize,
+    /// Client threads.
+    pub clients: usize,
+    /// RPC operations in flight per client.
+    pub depth: usize,
+    /// "one-sided" or "rpc".
+    pub get: &'static str,
+    /// Seconds measured.
+    pub secs: f64,
+    /// All operations per second.
+    pub ops_per_s: f64,
+    /// Reads.
+    pub get_stats: OpStats,
+    /// Updates.
+    pub put_stats: OpStats,
+    /// One-sided reads that found a slot being written and read again.
+    pub read_retries: u64,
+    /// One-sided reads that gave up and asked the server.
+    pub read_fallbacks: u64,
+    /// Values read that were not whole (must be 0).
+    pub bad_values: u64,
+    /// Keys not found (must be 0: every key is loaded first).
+    pub missing: u64,
+    /// Failed operations.
+    pub errors: u64,
+}
+
+#[derive(Debug, Default)]
+struct ClientResult {
+    gets: Vec<u64>,
+    puts: Vec<u64>,
+    reads: ReadStats,
+    bad: u64,
+    missing: u64,
+    errors: u64,
+}
+
+enum Pending {
+    Get(Instant, PendingCall<Arc<rdmx::Endpoint>, Option<Vec<u8>>>),
+    Put(Instant, PendingCall<Arc<rdmx::Endpoint>, ()>),
+}
+
+/// Keeps latency samples bounded.
+const MAX_SAMPLES: usize = 1 << 20;
+
+fn check_get(r: &mut ClientResult, v: Option<Vec<u8>>, k: u64) {
+    match v {
+        Some(v) => match check_value(&v) {
+            Some((i, _)) if i == k => {}
+            _ => r.bad += 1,
+        },
+        None => r.missing += 1,
+    }
+}
+
+fn finish(r: &mut ClientResult, p: Pending) {
+    match p {
+        Pending::Get(t0, c) => {
+            // (The key is inside the value: it is checked against itself.)
+            match c.wait() {
+                Ok(Some(v)) => {
+                    if check_value(&v).is_none() {
+                        r.bad += 1;
+                    }
+                }
+                Ok(None) => r.missing += 1,
+                Err(_) => r.errors += 1,
+            }
+            if r.gets.len() < MAX_SAMPLES {
+                r.gets.push(t0.elapsed().as_nanos() as u64);
+            }
+        }
+        Pending::Put(t0, c) => {
+            if c.wait().is_err() {
+                r.errors += 1;
+            }
+            if r.puts.len() < MAX_SAMPLES {
+                r.puts.push(t0.elapsed().as_nanos() as u64);
+            }
+        }
+    }
+}
+
+fn run_client(
+    c: &KvClient,
+    o: &BenchOptions,
+    seed: u64,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> ClientResult {
+    let mut r = ClientResult::default();
+    let keys = KeyGen::new(o.keys, o.dist);
+    let mut rng = Rng::new(seed);
+    let mut version = seed << 32;
+    let mut ring = std::collections::VecDeque::new();
+    let timeout = Duration::from_secs(10);
+    while !stop.load(Ordering::Relaxed) {
+        let k = keys.next(&mut rng);
+        let read = rng.unit() < o.mix.read_fraction();
+        if read && o.one_sided {
+            let t0 = Instant::now();
+            match c.get_one_sided_counted(&key(k), &mut r.reads) {
+                Ok(v) => check_get(&mut r, v, k),
+                Err(_) => r.errors += 1,
+            }
+            if r.gets.len() < MAX_SAMPLES {
+                r.gets.push(t0.elapsed().as_nanos() as u64);
+            }
+        } else {
+            let t0 = Instant::now();
+            let p = if read {
+                c.rpc()
+                    .start(methods::GET, &key(k), timeout)
+                    .map(|p| Pending::Get(t0, p))
+            } else {
+                version += 1;
+                c.rpc()
+                    .start(
+                        methods::PUT,
+                        &(key(k), value(k, version, o.value_size)),
+                        timeout,
+                    )
+                    .map(|p| Pending::Put(t0, p))
+            };
+            match p {
+                Ok(p) => ring.push_back(p),
+                Err(_) => r.errors += 1,
+            }
+            while ring.len() >= o.depth.max(1) {
+                if let Some(p) = ring.pop_front() {
+                    finish(&mut r, p);
+                }
+            }
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    while let Some(p) = ring.pop_front() {
+        finish(&mut r, p);
+    }
+    r
+}
+
+fn stats(mut v: Vec<u64>, secs: f64) -> OpStats {
+    if v.is_empty() {
+        return OpStats::default();
+    }
+    v.sort_unstable();
+    let pct = |p: f64| {
+        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        v[rank.clamp(1, v.len()) - 1] as f64 / 1000.0
+    };
+    OpStats {
+        ops: v.len() as u64,
+        ops_per_s: v.len() as f64 / secs,
+        p50_us: pct(50.0),
+        p99_us: pct(99.0),
+        p999_us: pct(99.9),
+    }
+}
+
+/// Loads keys `0..n` (values of version 0) through `c`.
+///
+/// # Errors
+/// The first failed PUT's.
+pub fn load(c: &KvClient, n: u64, value_size: usize) -> Result<(), KvError> {
+    let mut ring = std::collections::VecDeque::new();
+    for k in 0..n {
+        ring.push_back(c.rpc().start(
+            methods::PUT,
+            &(key(k), value(k, 0, value_size)),
+            Duration::from_secs(10),
+        )?);
+        if ring.len() >= 64
+            && let Some(p) = ring.pop_front()
+        {
+            p.wait()?;
+        }
+    }
+    for p in ring {
+        p.wait()?;
+    }
+    Ok(())
+}
+
+/// Runs the bench against the server at `addr` (keys loaded first), printing a live line
+/// on stderr once a second when `progress`.
+///
+/// # Errors
+/// Connecting or loading failed.
+pub fn run(addr: SocketAddr, o: &BenchOptions, progress: bool) -> Result<BenchReport, KvError> {
+    let loader = KvClient::connect(addr)?;
+    load(&loader, o.keys, o.value_size)?;
+    drop(loader);
+    let clients: Vec<KvClient> = (0..o.clients.max(1))
+        .map(|_| KvClient::connect(addr))
+        .collect::<Result<_, _>>()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let results: Vec<ClientResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (stop, done) = (&*stop, &*done);
+                s.spawn(move || run_client(c, o, 0x9e37 + i as u64 * 7919, stop, done))
+            })
+            .collect();
+        let end = start + Duration::from_secs_f64(o.secs);
+        let mut last = 0;
+        while Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100).min(end - Instant::now().min(end)));
+            let t = start.elapsed().as_secs_f64();
+            if progress && (t as u64) > last {
+                last = t as u64;
+                let n = done.load(Ordering::Relaxed);
+                eprint!("\r{t:.0} s: {n} ops ({:.0} ops/s)   ", n as f64 / t);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    if progress {
+        eprintln!();
+    }
+    let mut all = ClientResult::default();
+    for r in results {
+        all.gets.extend(r.gets);
+        all.puts.extend(r.puts);
+        all.reads.retries += r.reads.retries;
+        all.reads.fallbacks += r.reads.fallbacks;
+        all.bad += r.bad;
+        all.missing += r.missing;
+        all.errors += r.errors;
+    }
+    let get_stats = stats(all.gets, secs);
+    let put_stats = stats(all.puts, secs);
+    Ok(BenchReport {
+        workload: o.mix.name(),
+        dist: match o.dist {
+            Dist::Uniform => "uniform".into(),
+            Dist::Zipf(t) => format!("zipf {t}"),
+        },
+        value_size: o.value_size,
+        clients: o.clients,
+        depth: o.depth,
+        get: if o.one_sided { "one-sided" } else { "rpc" },
+        secs,
+        ops_per_s: get_stats.ops_per_s + put_stats.ops_per_s,
+        get_stats,
+        put_stats,
+        read_retries: all.reads.retries,
+        read_fallbacks: all.reads.fallbacks,
+        bad_values: all.bad,
+        missing: all.missing,
+        errors: all.errors,
+    })
+}
+
+impl BenchReport {
+    /// The human table.
+    pub fn table(&self) -> String {
+        let row = |name: &str, s: &OpStats| {
+            format!(
+                "{name:<5} {:>10} {:>12.0} {:>9.1} {:>9.1} {:>9.1}\n",
+                s.ops, s.ops_per_s, s.p50_us, s.p99_us, s.p999_us
+            )
+        };
+        format!(
+            "workload {} ({}), {} B values, {} client(s), depth {}, GET {}: {:.0} ops/s in {:.1} s\n\
+             op          ops        ops/s   p50[us]   p99[us] p99.9[us]\n{}{}\
+             one-sided re-reads {}, fallbacks {}; bad values {}, missing {}, errors {}\n",
+            self.workload,
+            self.dist,
+            self.value_size,
+            self.clients,
+            self.depth,
+            self.get,
+            self.ops_per_s,
+            self.secs,
+            row("GET", &self.get_stats),
+            row("PUT", &self.put_stats),
+            self.read_retries,
+            self.read_fallbacks,
+            self.bad_values,
+            self.missing,
+            self.errors
+        )
+    }
+}
