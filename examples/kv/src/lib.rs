@@ -175,7 +175,7 @@ impl KvServer {
 }
 
 /// Retries of a one-sided read that found a slot being written, before asking the server.
-const READ_RETRIES: u32 = 64;
+pub const READ_RETRIES: u32 = 64;
 
 /// A client of one server.
 #[derive(Debug)]
