@@ -269,8 +269,10 @@ pub fn run(addr: SocketAddr, o: &BenchOptions, progress: bool) -> Result<BenchRe
     let loader = KvClient::connect(addr)?;
     load(&loader, o.keys, o.value_size)?;
     drop(loader);
+    // The clients share one context (one device and progress thread for the process).
+    let ctx = rdmx::Context::builder().build()?;
     let clients: Vec<KvClient> = (0..o.clients.max(1))
-        .map(|_| KvClient::connect(addr))
+        .map(|_| KvClient::connect_on(&ctx, addr))
         .collect::<Result<_, _>>()?;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));

@@ -203,6 +203,16 @@ impl KvClient {
     /// [`KvError`].
     pub fn connect(addr: impl ToSocketAddrs) -> Result<Self, KvError> {
         let ctx = Context::builder().build()?;
+        Self::connect_on(&ctx, addr)
+    }
+
+    /// Connects to the server at `addr` on context `ctx` (many clients of one process
+    /// share a context: one device, one progress thread).
+    ///
+    /// # Errors
+    /// [`KvError`].
+    pub fn connect_on(ctx: &Context, addr: impl ToSocketAddrs) -> Result<Self, KvError> {
+        let ctx = ctx.clone();
         let ep = Arc::new(ctx.connect(addr)?);
         let rpc = Client::new(
             Arc::clone(&ep),
