@@ -24,6 +24,7 @@ N=${N:-200000}
 KV="$ROOT/target/release/rdmx-kv"
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/compare-kv.XXXXXX")
 RESULTS="$LOGDIR/results.tsv"
+: >"$RESULTS"
 REDIS_PORT=16401
 MC_PORT=16501
 
