@@ -345,22 +345,4 @@ impl Endpoint {
     }
 }
 
-impl rdmx_rpc::Link for Endpoint {
-    type Frame = Message;
-
-    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
-        Self::send_timeout(self, data, timeout)
-    }
-
-    fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        Self::recv_timeout(self, timeout)
-    }
-
-    fn start_close(&self) {
-        Self::start_close(self);
-    }
-
-    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
-        Some(self.worker().batch())
-    }
-}
+rdmx_rpc::endpoint_link!(Endpoint);

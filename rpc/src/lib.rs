@@ -37,6 +37,10 @@ pub mod server;
 pub mod status;
 pub mod wire;
 
+/// (For [`endpoint_link!`].)
+#[doc(hidden)]
+pub use rdmx_core as __core;
+
 pub use client::{Client, ClientConfig, ClientStats, PendingCall};
 pub use link::Link;
 pub use method::Method;

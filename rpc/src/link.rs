@@ -6,7 +6,7 @@
 use std::ops::Deref;
 use std::time::Duration;
 
-use rdmx_core::{Message, Result};
+use rdmx_core::Result;
 
 /// One endpoint's messages, for RPC.
 pub trait Link: Send + Sync + 'static {
@@ -57,43 +57,43 @@ impl<L: Link> Link for std::sync::Arc<L> {
     }
 }
 
-impl Link for rdmx_rc::Endpoint {
-    type Frame = Message;
+/// Implements [`Link`] for an endpoint type with rdmx's endpoint calls (`send_timeout`,
+/// `recv_timeout` giving a `Message`, `start_close`, `worker`): the transports' endpoints
+/// here, the facade's `rdmx::Endpoint` there.
+#[macro_export]
+macro_rules! endpoint_link {
+    ($t:ty) => {
+        impl $crate::Link for $t {
+            type Frame = $crate::__core::Message;
 
-    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
-        Self::send_timeout(self, data, timeout)
-    }
+            fn send_timeout(
+                &self,
+                data: &[u8],
+                timeout: ::std::time::Duration,
+            ) -> $crate::__core::Result<()> {
+                Self::send_timeout(self, data, timeout)
+            }
 
-    fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        Self::recv_timeout(self, timeout)
-    }
+            fn recv_timeout(
+                &self,
+                timeout: ::std::time::Duration,
+            ) -> $crate::__core::Result<$crate::__core::Message> {
+                Self::recv_timeout(self, timeout)
+            }
 
-    fn start_close(&self) {
-        Self::start_close(self);
-    }
-    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
-        Some(self.worker().batch())
-    }
+            fn start_close(&self) {
+                Self::start_close(self);
+            }
+
+            fn batch(&self) -> Option<$crate::__core::worker::Batch<'_>> {
+                Some(self.worker().batch())
+            }
+        }
+    };
 }
 
-impl Link for rdmx_ud::Endpoint {
-    type Frame = Message;
-
-    fn send_timeout(&self, data: &[u8], timeout: Duration) -> Result<()> {
-        Self::send_timeout(self, data, timeout)
-    }
-
-    fn recv_timeout(&self, timeout: Duration) -> Result<Message> {
-        Self::recv_timeout(self, timeout)
-    }
-
-    fn start_close(&self) {
-        Self::start_close(self);
-    }
-    fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
-        Some(self.worker().batch())
-    }
-}
+endpoint_link!(rdmx_rc::Endpoint);
+endpoint_link!(rdmx_ud::Endpoint);
 
 /// A pair of links in memory, for tests and for services inside one process: what one
 /// side sends the other receives (unbounded; dropping a side disconnects the other).
