@@ -119,11 +119,24 @@ fn a_deadline_that_passes_reaches_the_server() {
     let late = client.call_timeout(SLEEP, &1, Duration::from_millis(50));
     assert_eq!(late.unwrap_err().code, Code::DeadlineExceeded);
     assert_eq!(busy.wait().unwrap(), 300_000);
-    // A handler still running when the deadline passes sees it.
+    // A handler still running when the deadline passes sees it. (Its answer, given the
+    // moment it sees the deadline, may still reach a caller that has not yet looked at its
+    // own clock: either outcome is right; the handler seeing it is the point.)
     let r = client.call_timeout(WAIT_CANCEL, &(), Duration::from_millis(50));
-    assert_eq!(r.unwrap_err().code, Code::DeadlineExceeded);
+    let cancelled_too = match r {
+        Err(e) => {
+            assert_eq!(e.code, Code::DeadlineExceeded);
+            true
+        }
+        Ok(saw) => {
+            assert!(saw, "the handler answered without seeing its deadline");
+            false
+        }
+    };
     let end = Instant::now() + Duration::from_secs(5);
-    while seen.load(Ordering::Relaxed) < 1 || server.stats().cancelled + server.stats().expired < 2
+    let want = if cancelled_too { 2 } else { 1 };
+    while seen.load(Ordering::Relaxed) < 1
+        || server.stats().cancelled + server.stats().expired < want
     {
         assert!(Instant::now() < end, "{:?}", server.stats());
         std::thread::sleep(Duration::from_millis(5));
