@@ -3,9 +3,10 @@
 //! a live line once a second; then ops/s and p50/p99/p99.9 per operation type.
 //!
 //! Reads are one-sided (RDMA READ of the key's slots) or through the server (RPC);
-//! updates go through the server. With `depth` > 1 a client keeps that many RPC operations
-//! in flight (one-sided reads run between them, one at a time). Every value read is
-//! checked (the key's, whole: never torn or mixed).
+//! updates go through the server. With `depth` > 1 a client runs rounds of `depth`
+//! operations as `redis-benchmark -P` does: the round's RPC operations leave in one send
+//! batch and the round waits for all their answers (one-sided reads run one at a time
+//! inside it). Every value read is checked (the key's, whole: never torn or mixed).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -170,21 +171,26 @@ fn run_client(
     let keys = KeyGen::new(o.keys, o.dist);
     let mut rng = Rng::new(seed);
     let mut version = seed << 32;
-    let mut ring = std::collections::VecDeque::new();
+    let mut round = Vec::with_capacity(o.depth.max(1));
     let timeout = Duration::from_secs(10);
+    // Rounds of `depth` operations, as `redis-benchmark -P` pipelines: the round's RPC
+    // operations leave in one send batch, then the round waits for all their answers.
     while !stop.load(Ordering::Relaxed) {
-        let k = keys.next(&mut rng);
-        let read = rng.unit() < o.mix.read_fraction();
-        if read && o.one_sided {
-            let t0 = Instant::now();
-            match c.get_one_sided_counted(&key(k), &mut r.reads) {
-                Ok(v) => check_get(&mut r, v, k),
-                Err(_) => r.errors += 1,
+        let batch = c.rpc().batch();
+        for _ in 0..o.depth.max(1) {
+            let k = keys.next(&mut rng);
+            let read = rng.unit() < o.mix.read_fraction();
+            if read && o.one_sided {
+                let t0 = Instant::now();
+                match c.get_one_sided_counted(&key(k), &mut r.reads) {
+                    Ok(v) => check_get(&mut r, v, k),
+                    Err(_) => r.errors += 1,
+                }
+                if r.gets.len() < MAX_SAMPLES {
+                    r.gets.push(t0.elapsed().as_nanos() as u64);
+                }
+                continue;
             }
-            if r.gets.len() < MAX_SAMPLES {
-                r.gets.push(t0.elapsed().as_nanos() as u64);
-            }
-        } else {
             let t0 = Instant::now();
             let p = if read {
                 c.rpc()
@@ -201,19 +207,15 @@ fn run_client(
                     .map(|p| Pending::Put(t0, p))
             };
             match p {
-                Ok(p) => ring.push_back(p),
+                Ok(p) => round.push(p),
                 Err(_) => r.errors += 1,
             }
-            while ring.len() >= o.depth.max(1) {
-                if let Some(p) = ring.pop_front() {
-                    finish(&mut r, p);
-                }
-            }
         }
-        done.fetch_add(1, Ordering::Relaxed);
-    }
-    while let Some(p) = ring.pop_front() {
-        finish(&mut r, p);
+        drop(batch);
+        for p in round.drain(..) {
+            finish(&mut r, p);
+        }
+        done.fetch_add(o.depth.max(1) as u64, Ordering::Relaxed);
     }
     r
 }
