@@ -45,6 +45,7 @@ pub use client::{Client, ClientConfig, ClientStats, PendingCall};
 pub use link::Link;
 pub use method::Method;
 pub use server::{
-    CallContext, Limits, Server, ServerConfig, ServerStats, Service, ServiceBuilder, ServiceError,
+    CallContext, Limits, LinkSet, Server, ServerConfig, ServerStats, Service, ServiceBuilder,
+    ServiceError,
 };
 pub use status::{Code, Status};

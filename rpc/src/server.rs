@@ -315,6 +315,66 @@ impl Server {
             .spawn(move || read_link(&sh, &jobs, Arc::new(link)))
     }
 
+    /// Serves every link of `set` on `threads` reader threads, all taking messages from
+    /// `recv`, which gives the next message of any link with the link's id (for rdmx
+    /// endpoints: `move |t| ctx.recv_timeout(t).map(|m| (m.endpoint(), m))`). Links come and
+    /// go in the set while it is served; a message of a link not in it is dropped and
+    /// counted. With `threads` handler threads 0, handlers run on these reader threads.
+    ///
+    /// # Errors
+    /// The OS's, when a thread cannot be started.
+    pub fn serve_set<L, R>(
+        &self,
+        set: Arc<LinkSet<L>>,
+        recv: R,
+        threads: usize,
+    ) -> std::io::Result<Vec<JoinHandle<()>>>
+    where
+        L: Link,
+        R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)> + Send + Sync + 'static,
+    {
+        let recv = Arc::new(recv);
+        (0..threads.max(1))
+            .map(|i| {
+                let (sh, jobs, set, recv) = (
+                    Arc::clone(&self.sh),
+                    self.jobs.clone(),
+                    Arc::clone(&set),
+                    Arc::clone(&recv),
+                );
+                std::thread::Builder::new()
+                    .name(format!("rdmx-rpc-set-{i}"))
+                    .spawn(move || {
+                        while !sh.stop.load(Ordering::Acquire) {
+                            let (id, m) = match recv(Duration::from_millis(100)) {
+                                Ok(x) => x,
+                                Err(
+                                    rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock,
+                                ) => {
+                                    continue;
+                                }
+                                Err(e) => {
+                                    // (An endpoint's end comes as an error of the receive:
+                                    // the others go on.)
+                                    tracing::debug!("serve_set: {e}");
+                                    std::thread::sleep(Duration::from_millis(1));
+                                    continue;
+                                }
+                            };
+                            let Some((link, in_flight)) = set.wait_for(id) else {
+                                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            };
+                            let _batch = link.batch();
+                            if !take_frame(&sh, &jobs, &link, &in_flight, m) {
+                                break;
+                            }
+                        }
+                    })
+            })
+            .collect()
+    }
+
     /// Its counters.
     pub fn stats(&self) -> ServerStats {
         let c = &self.sh.counters;
@@ -338,6 +398,77 @@ impl Server {
 
 /// Calls of one link under way, by id: their cancel flags.
 type InFlight = Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>;
+
+/// How long a message of a link not (yet) in a [`LinkSet`] waits for it to be added.
+const LINK_GRACE: Duration = Duration::from_secs(1);
+
+/// Links whose messages all come from one receive call (such as `rdmx::Context::recv`,
+/// which serves every endpoint of a context), each known by the id that receive tags its
+/// messages with: served by [`Server::serve_set`] on a few threads instead of a thread per
+/// link.
+pub struct LinkSet<L: Link> {
+    links: parking_lot::RwLock<HashMap<u64, (Arc<L>, InFlight)>>,
+}
+
+impl<L: Link> std::fmt::Debug for LinkSet<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkSet")
+            .field("links", &self.links.read().len())
+            .finish()
+    }
+}
+
+impl<L: Link> LinkSet<L> {
+    /// An empty set.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            links: parking_lot::RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Adds `link`, whose messages the receive tags with `id`.
+    pub fn insert(&self, id: u64, link: L) {
+        self.links
+            .write()
+            .insert(id, (Arc::new(link), InFlight::default()));
+    }
+
+    /// Removes link `id` (its calls under way are cancelled); whether it was there.
+    pub fn remove(&self, id: u64) -> bool {
+        let Some((_, in_flight)) = self.links.write().remove(&id) else {
+            return false;
+        };
+        for flag in in_flight.lock().values() {
+            flag.store(true, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Link `id`, waiting a little for it: a client may send its first request the moment
+    /// it is connected, before whoever accepted it has added it.
+    fn wait_for(&self, id: u64) -> Option<(Arc<L>, InFlight)> {
+        let until = Instant::now() + LINK_GRACE;
+        loop {
+            if let Some(l) = self.links.read().get(&id).cloned() {
+                return Some(l);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Links in the set.
+    pub fn len(&self) -> usize {
+        self.links.read().len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>, Status>) {
     let (status, body) = match r {

@@ -6,7 +6,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdmx::rpc::{Client, ClientConfig, Code, Method, Server, ServerConfig, Service, Status};
+use rdmx::rpc::{
+    Client, ClientConfig, Code, LinkSet, Method, Server, ServerConfig, Service, Status,
+};
 use rdmx::{Context, Transport};
 use rdmx_tests::process;
 
@@ -81,6 +83,72 @@ fn exercise(t: Transport) {
 fn one_service_over_rc_xrc_and_ud() {
     for t in [Transport::Rc, Transport::Xrc, Transport::Ud] {
         exercise(t);
+    }
+}
+
+/// Many clients served from the context's one receive (`Context::recv`) by a few
+/// threads, through a `LinkSet`, instead of a thread per link.
+#[test]
+fn a_set_of_links_is_served_from_one_receive() {
+    for threads in [0, 2] {
+        let sctx = context(Transport::Rc, Duration::from_secs(2));
+        let listener = sctx.listen("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr();
+        let server = Server::new(
+            service(),
+            ServerConfig {
+                threads,
+                ..ServerConfig::default()
+            },
+        )
+        .unwrap();
+        let set = LinkSet::new();
+        let rctx = sctx.clone();
+        server
+            .serve_set(
+                std::sync::Arc::clone(&set),
+                move |t| rctx.recv_timeout(t).map(|m| (m.endpoint(), m)),
+                2,
+            )
+            .unwrap();
+        let accepting = {
+            let set = std::sync::Arc::clone(&set);
+            std::thread::spawn(move || {
+                for _ in 0..8 {
+                    let ep = listener.accept().unwrap();
+                    set.insert(ep.id(), ep);
+                }
+            })
+        };
+        let cctx = context(Transport::Rc, Duration::from_secs(2));
+        let clients: Vec<_> = (0..8)
+            .map(|_| Client::new(cctx.connect(addr).unwrap(), ClientConfig::default()).unwrap())
+            .collect();
+        accepting.join().unwrap();
+        assert_eq!(set.len(), 8);
+        let calls: Vec<_> = std::thread::scope(|s| {
+            clients
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    s.spawn(move || {
+                        for j in 0..200u32 {
+                            let b = (i as u32 * 1000 + j).to_le_bytes().to_vec();
+                            assert_eq!(c.call(ECHO, &b).unwrap(), b);
+                        }
+                        let e = c.call(FAIL, &"x".into()).unwrap_err();
+                        assert_eq!(e.code, Code::NotFound);
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().is_ok())
+                .collect()
+        });
+        assert!(calls.iter().all(|&ok| ok), "threads {threads}");
+        assert_eq!(server.stats().ok, 8 * 200, "threads {threads}");
+        assert!(!set.remove(u64::MAX), "no such link");
+        assert_eq!(set.len(), 8);
     }
 }
 
