@@ -223,10 +223,14 @@ impl KvClient {
         )?;
         let info = rpc.call(methods::INFO, &())?;
         let layout = info.layout;
-        if !layout.slots.is_power_of_two()
-            || info.len < layout.region_len() as u64
-            || layout.max_value > 64 << 20
-        {
+        // (From the peer: checked before any size is computed from it.)
+        let usable = layout.slots.is_power_of_two()
+            && layout.slots <= 1 << 32
+            && layout.max_value <= 64 << 20
+            && (layout.slot_len() as u64)
+                .checked_mul(layout.slots)
+                .is_some_and(|n| n <= info.len);
+        if !usable {
             return Err(KvError::Layout(format!("{info:?}")));
         }
         Ok(Self {

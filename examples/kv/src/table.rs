@@ -314,3 +314,57 @@ impl Table {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots come from the server's memory over the network: any bytes decode to a view,
+    /// never a panic; a slot written with one checksum and read with a byte changed is
+    /// never taken for a live value.
+    #[test]
+    fn any_slot_bytes_decode_and_damage_is_caught() {
+        let layout = Layout {
+            slots: 16,
+            max_value: 64,
+        };
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..100_000 {
+            let n = (next() % 160) as usize;
+            let mut b: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            if b.len() >= 8 && next() % 2 == 0 {
+                b[..8].copy_from_slice(&((next() % 64) * 2).to_le_bytes());
+            }
+            let _ = view(&b, &layout);
+        }
+        // A well-formed slot, then each byte of it changed.
+        let key = b"user000000000042";
+        let value = [9u8; 40];
+        let mut slot = vec![0u8; layout.slot_len()];
+        slot[..8].copy_from_slice(&8u64.to_le_bytes());
+        slot[8..16].copy_from_slice(&hash(key).to_le_bytes());
+        slot[16..18].copy_from_slice(&(key.len() as u16).to_le_bytes());
+        slot[18..20].copy_from_slice(&LIVE.to_le_bytes());
+        slot[20..24].copy_from_slice(&(value.len() as u32).to_le_bytes());
+        slot[24..28].copy_from_slice(&checksum(8, LIVE, key, &value).to_le_bytes());
+        slot[32..32 + key.len()].copy_from_slice(key);
+        slot[SLOT_HEADER..SLOT_HEADER + value.len()].copy_from_slice(&value);
+        assert!(matches!(view(&slot, &layout), SlotView::Live { .. }));
+        // Every byte the checksum covers (not the hash, which only speeds up a look).
+        let covered = (0..8).chain(16..28).chain(32..32 + key.len());
+        for i in covered.chain(SLOT_HEADER..SLOT_HEADER + value.len()) {
+            let mut torn = slot.clone();
+            torn[i] ^= 0x40;
+            assert!(
+                !matches!(view(&torn, &layout), SlotView::Live { value: v, .. } if v == value),
+                "byte {i} changed and the slot still reads as the value"
+            );
+        }
+    }
+}

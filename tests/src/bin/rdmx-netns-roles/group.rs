@@ -177,6 +177,18 @@ pub(crate) fn publisher(a: &Args) -> Res<bool> {
     Ok(true)
 }
 
+/// Prints the events waiting; notes whether this member was removed or its publisher went.
+fn take_events(g: &Group, removed: &mut bool, gone: &mut bool) {
+    while let Some(e) = g.poll_event() {
+        print_event(&e);
+        match e {
+            McastEvent::RemovedBy { .. } => *removed = true,
+            McastEvent::PublisherGone { .. } => *gone = true,
+            _ => {}
+        }
+    }
+}
+
 /// `group-sub --device soft:<ip> --name G --last K [--delay-us D] [--stall-after M]
 /// [--wait-s W]`: joins and receives one publisher's stream until message K (the last)
 /// arrives, the publisher is reported gone, this member is removed, or W s pass. Checks
@@ -201,14 +213,7 @@ pub(crate) fn subscriber(a: &Args) -> Res<bool> {
     let (mut removed, mut gone) = (false, false);
     let mut stalled = false;
     while Instant::now() < deadline && !removed && !gone && prev != Some(last) {
-        while let Some(e) = g.poll_event() {
-            print_event(&e);
-            match e {
-                McastEvent::RemovedBy { .. } => removed = true,
-                McastEvent::PublisherGone { .. } => gone = true,
-                _ => {}
-            }
-        }
+        take_events(&g, &mut removed, &mut gone);
         if stall_after.is_some_and(|m| got >= m) {
             if !stalled {
                 println!("STALLED {got} {}", unix_ns());
@@ -247,14 +252,7 @@ pub(crate) fn subscriber(a: &Args) -> Res<bool> {
         }
     }
     // Events that came with the last messages.
-    while let Some(e) = g.poll_event() {
-        print_event(&e);
-        match e {
-            McastEvent::RemovedBy { .. } => removed = true,
-            McastEvent::PublisherGone { .. } => gone = true,
-            _ => {}
-        }
-    }
+    take_events(&g, &mut removed, &mut gone);
     let words = |o: Option<u64>| o.map_or("none".to_string(), |v| v.to_string());
     println!(
         "RESULT got={got} first={} last={} in_order={in_order} intact={intact} publishers={} \
