@@ -345,4 +345,4 @@ impl Endpoint {
     }
 }
 
-rdmx_rpc::endpoint_link!(Endpoint);
+rdmx_rpc::endpoint_link!(Endpoint, zero_copy);

@@ -18,10 +18,13 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use rdmx_core::Buf;
+
 use crate::codec::{decode, encode};
-use crate::link::Link;
+use crate::link::{Conn, Link};
 use crate::method::Method;
-use crate::server::Limits;
+use crate::payload::{Attach, Payload};
+use crate::server::{Limits, alloc_from};
 use crate::status::Status;
 use crate::wire::{HEADER_LEN, Header, Kind, frame};
 
@@ -43,8 +46,8 @@ impl Default for ClientConfig {
     }
 }
 
-/// What a response is, for the call that waits for it.
-type Reply<F> = Result<F, Status>;
+/// What a response is, for the call that waits for it: its frame and its payload.
+type Reply<F> = Result<(F, Option<Payload>), Status>;
 
 /// What a blocking caller's channel carries: its reply, or a nudge to take the reading
 /// over (the caller that read for everybody got its own response and left).
@@ -96,7 +99,7 @@ impl<F> Waiter<F> {
 }
 
 struct Shared<L: Link> {
-    link: L,
+    link: Conn<L>,
     /// Held by the one thread that reads the link (a waiting caller, or the async reader).
     read_token: Mutex<()>,
     /// Async calls waiting (the reader thread reads for them).
@@ -146,7 +149,7 @@ struct StopOnDrop<L: Link>(Arc<Shared<L>>);
 impl<L: Link> Drop for StopOnDrop<L> {
     fn drop(&mut self) {
         self.0.stop.store(true, Ordering::Release);
-        self.0.link.start_close();
+        self.0.link.link.start_close();
     }
 }
 
@@ -168,7 +171,7 @@ impl<L: Link> Client<L> {
     /// The OS's, when the thread cannot be started.
     pub fn new(link: L, cfg: ClientConfig) -> std::io::Result<Self> {
         let sh = Arc::new(Shared {
-            link,
+            link: Conn::new(link),
             read_token: Mutex::new(()),
             #[cfg(feature = "tokio")]
             async_pending: std::sync::atomic::AtomicUsize::new(0),
@@ -235,9 +238,42 @@ impl<L: Link> Client<L> {
         req: &Req,
         timeout: Duration,
     ) -> Result<PendingCall<L, Resp>, Status> {
+        self.start_with(m, req, None, timeout)
+    }
+
+    /// Calls `m` with `req` and `payload` beside it (raw bytes: a pool buffer or shared
+    /// bytes, sent without a copy at rendezvous sizes on RC and XRC; the handler takes it
+    /// with `CallContext::take_payload`), waiting at most the configured timeout. Gives the
+    /// response and the payload the handler attached to it, if any.
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn call_with<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+        payload: Option<Attach>,
+    ) -> Result<(Resp, Option<Payload>), Status> {
+        self.start_with(m, req, payload, self.sh.cfg.timeout)?
+            .wait_with()
+    }
+
+    /// [`start`](Self::start) with a payload beside the request (see
+    /// [`call_with`](Self::call_with)).
+    ///
+    /// # Errors
+    /// A [`Status`] when the call cannot even start (too large, the link is gone).
+    pub fn start_with<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+        payload: Option<Attach>,
+        timeout: Duration,
+    ) -> Result<PendingCall<L, Resp>, Status> {
         // (Unbounded: a reply never waits behind nudges.)
         let (tx, rx) = unbounded();
-        let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Blocking(tx))?;
+        let waiter = Waiter::Blocking(tx);
+        let id = self.send_request(m.id(), m.name(), req, payload, timeout, waiter)?;
         Ok(PendingCall {
             sh: Arc::clone(&self.sh),
             rx,
@@ -261,10 +297,25 @@ impl<L: Link> Client<L> {
         m: Method<Req, Resp>,
         req: &Req,
     ) -> Result<Resp, Status> {
+        Ok(self.call_with_async(m, req, None).await?.0)
+    }
+
+    /// [`call_with`](Self::call_with) without blocking the thread (feature `tokio`).
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    #[cfg(feature = "tokio")]
+    pub async fn call_with_async<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        m: Method<Req, Resp>,
+        req: &Req,
+        payload: Option<Attach>,
+    ) -> Result<(Resp, Option<Payload>), Status> {
         let timeout = self.sh.cfg.timeout;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let _counted = AsyncCount::new(&self.sh);
-        let id = self.send_request(m.id(), m.name(), req, timeout, Waiter::Async(tx))?;
+        let waiter = Waiter::Async(tx);
+        let id = self.send_request(m.id(), m.name(), req, payload, timeout, waiter)?;
         // Cancels the call if this future is dropped before the response.
         let mut guard = CancelGuard {
             sh: Arc::clone(&self.sh),
@@ -287,15 +338,25 @@ impl<L: Link> Client<L> {
                 m.name()
             ))),
         };
-        let f = r?;
-        decode_response(&f, self.sh.cfg.limits.max_response)
+        let (f, p) = r?;
+        Ok((decode_response(&f, self.sh.cfg.limits.max_response)?, p))
+    }
+
+    /// A buffer of `len` bytes from the link's registered pool, to fill and send as a
+    /// payload ([`call_with`](Self::call_with)) without a copy.
+    ///
+    /// # Errors
+    /// `ResourceExhausted` when the pool has no room now; `Unimplemented` when the link has
+    /// no pool (it is not an rdmx endpoint).
+    pub fn alloc(&self, len: usize) -> Result<Buf, Status> {
+        alloc_from(self.sh.link.link.pool().as_ref(), len)
     }
 
     /// Opens a send batch on this thread, if the link has them: calls started until the
     /// guard drops may leave together, packed (many small calls started in a row cost a
     /// few sends instead of one each).
     pub fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
-        self.sh.link.batch()
+        self.sh.link.link.batch()
     }
 
     /// Calls waiting for their response now.
@@ -327,6 +388,7 @@ impl<L: Link> Client<L> {
         method: u32,
         name: &str,
         req: &Req,
+        payload: Option<Attach>,
         timeout: Duration,
         waiter: Waiter<L::Frame>,
     ) -> Result<u64, Status> {
@@ -336,6 +398,12 @@ impl<L: Link> Client<L> {
                 "the request to {name} does not encode within {max} bytes: {e}"
             ))
         })?;
+        let size = body.len() + payload.as_ref().map_or(0, |p| p.len());
+        if size > max {
+            return Err(Status::resource_exhausted(format!(
+                "a request of {size} bytes to {name}; the client sends at most {max}"
+            )));
+        }
         if let Some(s) = self.sh.gone.lock().clone() {
             return Err(s);
         }
@@ -351,11 +419,12 @@ impl<L: Link> Client<L> {
                 id,
                 budget_us,
                 len: 0,
+                attached: payload.is_some(),
             },
             &body,
         );
         self.sh.pending.lock().insert(id, waiter);
-        if let Err(e) = self.sh.link.send_timeout(&f, timeout) {
+        if let Err(e) = self.sh.link.send(&f, payload, timeout) {
             self.sh.pending.lock().remove(&id);
             return Err(Status::from_transport(&e));
         }
@@ -376,10 +445,11 @@ fn cancel<L: Link>(sh: &Shared<L>, id: u64, method: u32) {
             id,
             budget_us: 0,
             len: 0,
+            attached: false,
         },
         &[],
     );
-    let _ = sh.link.send_timeout(&f, Duration::from_millis(100));
+    let _ = sh.link.send(&f, None, Duration::from_millis(100));
 }
 
 /// Counts an async call while it waits, and wakes the reader thread for it.
@@ -450,7 +520,16 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
     ///
     /// # Errors
     /// The call's [`Status`].
-    pub fn wait(mut self) -> Result<Resp, Status> {
+    pub fn wait(self) -> Result<Resp, Status> {
+        Ok(self.wait_with()?.0)
+    }
+
+    /// Waits for the outcome (at most the call's timeout, counted from now): the response
+    /// and the payload the handler attached to it, if any.
+    ///
+    /// # Errors
+    /// The call's [`Status`].
+    pub fn wait_with(mut self) -> Result<(Resp, Option<Payload>), Status> {
         let deadline = Instant::now() + self.timeout;
         let r = loop {
             if let Ok(Note::Reply(r)) = self.rx.try_recv() {
@@ -487,8 +566,8 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
             }
         };
         self.done = true;
-        let f = r?;
-        decode_response(&f, self.sh.cfg.limits.max_response)
+        let (f, p) = r?;
+        Ok((decode_response(&f, self.sh.cfg.limits.max_response)?, p))
     }
 
     /// The outcome if it is there (`None`: not yet).
@@ -505,7 +584,7 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
             Note::Lead => return None,
         };
         self.done = true;
-        Some(r.and_then(|f| decode_response(&f, self.sh.cfg.limits.max_response)))
+        Some(r.and_then(|(f, _)| decode_response(&f, self.sh.cfg.limits.max_response)))
     }
 }
 
@@ -534,13 +613,14 @@ fn read_one<L: Link>(sh: &Shared<L>, timeout: Duration) -> Result<(), Status> {
     if let Some(s) = sh.gone.lock().clone() {
         return Err(s);
     }
-    let m = match sh.link.recv_timeout(timeout) {
+    let got = match sh.link.recv(timeout) {
         Ok(m) => m,
         Err(rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock) => return Ok(()),
         Err(e) => return Err(end(sh, &Status::from_transport(&e))),
     };
-    let id = match Header::parse(&m) {
-        Ok((h, _)) if h.kind == Kind::Response => h.id,
+    let (m, payload) = (got.frame, got.payload);
+    let id = match got.header {
+        Ok(h) if h.kind == Kind::Response => h.id,
         Ok(_) | Err(_) => {
             sh.bad_frames.fetch_add(1, Ordering::Relaxed);
             return Ok(());
@@ -551,14 +631,14 @@ fn read_one<L: Link>(sh: &Shared<L>, timeout: Duration) -> Result<(), Status> {
         sh.strays.fetch_add(1, Ordering::Relaxed);
         return Ok(());
     };
-    if m.len() > HEADER_LEN + sh.cfg.limits.max_response {
+    let size = m.len().saturating_sub(HEADER_LEN) + payload.as_ref().map_or(0, |p| p.len());
+    if size > sh.cfg.limits.max_response {
         w.give(Err(Status::resource_exhausted(format!(
-            "a response of {} bytes; the client takes at most {}",
-            m.len() - HEADER_LEN,
+            "a response of {size} bytes; the client takes at most {}",
             sh.cfg.limits.max_response
         ))));
     } else {
-        w.give(Ok(m));
+        w.give(Ok((m, payload)));
     }
     Ok(())
 }

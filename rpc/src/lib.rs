@@ -27,12 +27,13 @@
 //! ```
 //!
 //! Modules, in layers: [`status`] and [`wire`] (frames) at the bottom, `codec` (bodies),
-//! [`link`] (what RPC runs over), [`method`], then [`server`] and [`client`].
+//! [`payload`] (raw bytes beside a body, zero-copy when large), [`link`] (what RPC runs over), [`method`], then [`server`] and [`client`].
 
 pub mod client;
 mod codec;
 pub mod link;
 pub mod method;
+pub mod payload;
 pub mod server;
 pub mod status;
 pub mod wire;
@@ -44,6 +45,7 @@ pub use rdmx_core as __core;
 pub use client::{Client, ClientConfig, ClientStats, PendingCall};
 pub use link::Link;
 pub use method::Method;
+pub use payload::{Attach, Payload};
 pub use server::{
     CallContext, Limits, LinkSet, Server, ServerConfig, ServerStats, Service, ServiceBuilder,
     ServiceError,

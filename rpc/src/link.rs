@@ -6,12 +6,16 @@
 use std::ops::Deref;
 use std::time::Duration;
 
-use rdmx_core::Result;
+use parking_lot::RwLock;
+use rdmx_core::{BufferPool, DisconnectCause, Error, Result};
+
+use crate::payload::{Attach, Payload};
+use crate::wire::{FrameError, Header};
 
 /// One endpoint's messages, for RPC.
 pub trait Link: Send + Sync + 'static {
     /// A received message (its bytes).
-    type Frame: Deref<Target = [u8]> + Send + 'static;
+    type Frame: Deref<Target = [u8]> + Into<Payload> + Send + 'static;
 
     /// Sends `data` as one message, waiting up to `timeout` for room.
     ///
@@ -31,6 +35,20 @@ pub trait Link: Send + Sync + 'static {
     /// Opens a send batch on this thread, if the link has them: until the guard drops,
     /// small messages sent may leave together, packed (see `Worker::batch`).
     fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
+        None
+    }
+
+    /// Sends a payload as one message, without copying it where the transport can (the
+    /// default copies).
+    ///
+    /// # Errors
+    /// As [`send_timeout`](Self::send_timeout).
+    fn send_attach_timeout(&self, payload: Attach, timeout: Duration) -> Result<()> {
+        self.send_timeout(&payload, timeout)
+    }
+
+    /// The registered buffer pool that zero-copy payloads come from, if the link has one.
+    fn pool(&self) -> Option<BufferPool> {
         None
     }
 }
@@ -55,14 +73,38 @@ impl<L: Link> Link for std::sync::Arc<L> {
     fn batch(&self) -> Option<rdmx_core::worker::Batch<'_>> {
         (**self).batch()
     }
+
+    fn send_attach_timeout(&self, payload: Attach, timeout: Duration) -> Result<()> {
+        (**self).send_attach_timeout(payload, timeout)
+    }
+
+    fn pool(&self) -> Option<BufferPool> {
+        (**self).pool()
+    }
 }
 
 /// Implements [`Link`] for an endpoint type with rdmx's endpoint calls (`send_timeout`,
 /// `recv_timeout` giving a `Message`, `start_close`, `worker`): the transports' endpoints
-/// here, the facade's `rdmx::Endpoint` there.
+/// here, the facade's `rdmx::Endpoint` there. With `zero_copy`, the type also has
+/// `send_buf_timeout` and `send_shared_timeout`, which payloads then go through.
 #[macro_export]
 macro_rules! endpoint_link {
     ($t:ty) => {
+        $crate::endpoint_link!(@impl $t, copy);
+    };
+    ($t:ty, zero_copy) => {
+        $crate::endpoint_link!(@impl $t, zero_copy);
+    };
+    (@send copy, $s:ident, $p:ident, $to:ident) => {
+        Self::send_timeout($s, &$p, $to)
+    };
+    (@send zero_copy, $s:ident, $p:ident, $to:ident) => {
+        match $p {
+            $crate::Attach::Buf(b) => Self::send_buf_timeout($s, b, $to),
+            $crate::Attach::Shared(s) => Self::send_shared_timeout($s, s, $to),
+        }
+    };
+    (@impl $t:ty, $mode:ident) => {
         impl $crate::Link for $t {
             type Frame = $crate::__core::Message;
 
@@ -88,12 +130,102 @@ macro_rules! endpoint_link {
             fn batch(&self) -> Option<$crate::__core::worker::Batch<'_>> {
                 Some(self.worker().batch())
             }
+
+            fn send_attach_timeout(
+                &self,
+                payload: $crate::Attach,
+                timeout: ::std::time::Duration,
+            ) -> $crate::__core::Result<()> {
+                $crate::endpoint_link!(@send $mode, self, payload, timeout)
+            }
+
+            fn pool(&self) -> Option<$crate::__core::BufferPool> {
+                Some(self.worker().pool().clone())
+            }
         }
     };
 }
 
-endpoint_link!(rdmx_rc::Endpoint);
+endpoint_link!(rdmx_rc::Endpoint, zero_copy);
 endpoint_link!(rdmx_ud::Endpoint);
+
+/// How long a reader waits for the payload its frame announced (it follows at once; a
+/// large one takes its transfer's time).
+const PAYLOAD_WAIT: Duration = Duration::from_secs(10);
+
+/// A received frame, its header (or why it is not one) and the payload it announced.
+pub(crate) struct Incoming<F> {
+    pub(crate) frame: F,
+    pub(crate) header: std::result::Result<Header, FrameError>,
+    pub(crate) payload: Option<Payload>,
+}
+
+/// A link whose frames keep their payloads: a frame and its payload leave back to back
+/// (nothing another thread sends through the `Conn` comes between), and the frame that
+/// announces a payload is read with it.
+pub(crate) struct Conn<L> {
+    pub(crate) link: L,
+    order: RwLock<()>,
+}
+
+impl<L: Link> Conn<L> {
+    pub(crate) fn new(link: L) -> Self {
+        Self {
+            link,
+            order: RwLock::new(()),
+        }
+    }
+
+    /// Sends `frame`, then `payload` (if any) right behind it. A payload that cannot follow
+    /// its frame (its send failed or timed out after the frame left) ends the link: the
+    /// peer would take the next frame for it.
+    pub(crate) fn send(
+        &self,
+        frame: &[u8],
+        payload: Option<Attach>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let Some(p) = payload else {
+            let _shared = self.order.read();
+            return self.link.send_timeout(frame, timeout);
+        };
+        let _alone = self.order.write();
+        self.link.send_timeout(frame, timeout)?;
+        if let Err(e) = self.link.send_attach_timeout(p, timeout) {
+            tracing::debug!("a payload could not follow its frame ({e}): the link ends");
+            self.link.start_close();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The next frame (waiting up to `timeout`) with its payload. One reader at a time.
+    ///
+    /// # Errors
+    /// The link's; a payload that does not come ends the link (`Disconnected`).
+    pub(crate) fn recv(&self, timeout: Duration) -> Result<Incoming<L::Frame>> {
+        let frame = self.link.recv_timeout(timeout)?;
+        let header = Header::parse(&frame).map(|(h, _)| h);
+        let payload = match &header {
+            Ok(h) if h.attached => match self.link.recv_timeout(PAYLOAD_WAIT) {
+                Ok(p) => Some(p.into()),
+                Err(Error::Timeout(_) | Error::WouldBlock) => {
+                    self.link.start_close();
+                    return Err(Error::Disconnected(DisconnectCause::Protocol(
+                        "an RPC frame announced a payload that did not come".into(),
+                    )));
+                }
+                Err(e) => return Err(e),
+            },
+            _ => None,
+        };
+        Ok(Incoming {
+            frame,
+            header,
+            payload,
+        })
+    }
+}
 
 /// A pair of links in memory, for tests and for services inside one process: what one
 /// side sends the other receives (unbounded; dropping a side disconnects the other).

@@ -21,18 +21,25 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::codec::{decode, encode};
-use crate::link::Link;
-use crate::method::Method;
-use crate::status::Status;
-use crate::wire::{Header, Kind, frame};
+use rdmx_core::{Buf, BufferPool};
 
-/// What a handler knows of its call.
+use crate::codec::{decode, encode};
+use crate::link::{Conn, Incoming, Link};
+use crate::method::Method;
+use crate::payload::{Attach, Payload};
+use crate::status::Status;
+use crate::wire::{HEADER_LEN, Header, Kind, frame};
+
+/// What a handler knows of its call, and where it finds the call's payload and leaves its
+/// response's.
 #[derive(Debug)]
 pub struct CallContext {
     method: &'static str,
     deadline: Option<Instant>,
     cancelled: Arc<AtomicBool>,
+    payload: Mutex<Option<Payload>>,
+    attach: Mutex<Option<Attach>>,
+    pool: Option<BufferPool>,
 }
 
 impl CallContext {
@@ -51,6 +58,41 @@ impl CallContext {
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() > d)
     }
+
+    /// Takes the payload the caller sent beside the request (`Client::call_with`), if any:
+    /// at rendezvous sizes on RC and XRC, in a pool buffer of its own
+    /// ([`Payload::into_buf`] gives it without a copy).
+    pub fn take_payload(&self) -> Option<Payload> {
+        self.payload.lock().take()
+    }
+
+    /// Sends `payload` beside the response (if the handler succeeds): a pool buffer (see
+    /// [`alloc`](Self::alloc)) or shared bytes, not copied at rendezvous sizes on RC and
+    /// XRC. A second call replaces the first.
+    pub fn attach(&self, payload: impl Into<Attach>) {
+        *self.attach.lock() = Some(payload.into());
+    }
+
+    /// A buffer of `len` bytes from the link's registered pool, to fill and
+    /// [`attach`](Self::attach).
+    ///
+    /// # Errors
+    /// `ResourceExhausted` when the pool has no room now; `Unimplemented` when the link has
+    /// no pool (it is not an rdmx endpoint).
+    pub fn alloc(&self, len: usize) -> Result<Buf, Status> {
+        alloc_from(self.pool.as_ref(), len)
+    }
+}
+
+/// A buffer of `len` bytes from `pool`.
+pub(crate) fn alloc_from(pool: Option<&BufferPool>, len: usize) -> Result<Buf, Status> {
+    let Some(pool) = pool else {
+        return Err(Status::unimplemented(
+            "this link has no registered buffer pool (it is not an rdmx endpoint)",
+        ));
+    };
+    pool.try_alloc(len)
+        .map_err(|e| Status::resource_exhausted(format!("no pool buffer of {len} bytes now: {e}")))
 }
 
 /// A type-erased handler: request bytes in, response bytes out.
@@ -312,7 +354,7 @@ impl Server {
         let (sh, jobs) = (Arc::clone(&self.sh), self.jobs.clone());
         std::thread::Builder::new()
             .name("rdmx-rpc-link".into())
-            .spawn(move || read_link(&sh, &jobs, Arc::new(link)))
+            .spawn(move || read_link(&sh, &jobs, Arc::new(Conn::new(link))))
     }
 
     /// Serves every link of `set` on `threads` reader threads, all taking messages from
@@ -333,7 +375,9 @@ impl Server {
         L: Link,
         R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)> + Send + Sync + 'static,
     {
-        let recv = Arc::new(recv);
+        // (One thread at a time receives and pairs a frame with its payload: the payload is
+        // the next message of its link, wherever it comes in the shared receive.)
+        let recv = Arc::new(Mutex::new(recv));
         (0..threads.max(1))
             .map(|i| {
                 let (sh, jobs, set, recv) = (
@@ -346,7 +390,8 @@ impl Server {
                     .name(format!("rdmx-rpc-set-{i}"))
                     .spawn(move || {
                         while !sh.stop.load(Ordering::Acquire) {
-                            let (id, m) = match recv(Duration::from_millis(100)) {
+                            let turn = recv.lock();
+                            let (id, m) = match (*turn)(Duration::from_millis(100)) {
                                 Ok(x) => x,
                                 Err(
                                     rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock,
@@ -357,16 +402,40 @@ impl Server {
                                     // (An endpoint's end comes as an error of the receive:
                                     // the others go on.)
                                     tracing::debug!("serve_set: {e}");
+                                    drop(turn);
                                     std::thread::sleep(Duration::from_millis(1));
                                     continue;
                                 }
                             };
-                            let Some((link, in_flight)) = set.wait_for(id) else {
+                            let Some(entry) = set.wait_for(id) else {
                                 sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
-                            let _batch = link.batch();
-                            if !take_frame(&sh, &jobs, &link, &in_flight, m) {
+                            let incoming = {
+                                let mut announced = entry.announced.lock();
+                                if let Some(frame) = announced.take() {
+                                    let header = Header::parse(&frame).map(|(h, _)| h);
+                                    Incoming {
+                                        frame,
+                                        header,
+                                        payload: Some(m.into()),
+                                    }
+                                } else {
+                                    let header = Header::parse(&m).map(|(h, _)| h);
+                                    if header.as_ref().is_ok_and(|h| h.attached) {
+                                        *announced = Some(m);
+                                        continue;
+                                    }
+                                    Incoming {
+                                        frame: m,
+                                        header,
+                                        payload: None,
+                                    }
+                                }
+                            };
+                            drop(turn);
+                            let _batch = entry.conn.link.batch();
+                            if !take_frame(&sh, &jobs, &entry.conn, &entry.in_flight, incoming) {
                                 break;
                             }
                         }
@@ -407,7 +476,15 @@ const LINK_GRACE: Duration = Duration::from_secs(1);
 /// messages with: served by [`Server::serve_set`] on a few threads instead of a thread per
 /// link.
 pub struct LinkSet<L: Link> {
-    links: parking_lot::RwLock<HashMap<u64, (Arc<L>, InFlight)>>,
+    links: parking_lot::RwLock<HashMap<u64, Arc<SetEntry<L>>>>,
+}
+
+/// A link of a [`LinkSet`].
+struct SetEntry<L: Link> {
+    conn: Arc<Conn<L>>,
+    in_flight: InFlight,
+    /// A frame whose payload has not come yet.
+    announced: Mutex<Option<L::Frame>>,
 }
 
 impl<L: Link> std::fmt::Debug for LinkSet<L> {
@@ -428,17 +505,20 @@ impl<L: Link> LinkSet<L> {
 
     /// Adds `link`, whose messages the receive tags with `id`.
     pub fn insert(&self, id: u64, link: L) {
-        self.links
-            .write()
-            .insert(id, (Arc::new(link), InFlight::default()));
+        let entry = SetEntry {
+            conn: Arc::new(Conn::new(link)),
+            in_flight: InFlight::default(),
+            announced: Mutex::new(None),
+        };
+        self.links.write().insert(id, Arc::new(entry));
     }
 
     /// Removes link `id` (its calls under way are cancelled); whether it was there.
     pub fn remove(&self, id: u64) -> bool {
-        let Some((_, in_flight)) = self.links.write().remove(&id) else {
+        let Some(entry) = self.links.write().remove(&id) else {
             return false;
         };
-        for flag in in_flight.lock().values() {
+        for flag in entry.in_flight.lock().values() {
             flag.store(true, Ordering::Relaxed);
         }
         true
@@ -446,7 +526,7 @@ impl<L: Link> LinkSet<L> {
 
     /// Link `id`, waiting a little for it: a client may send its first request the moment
     /// it is connected, before whoever accepted it has added it.
-    fn wait_for(&self, id: u64) -> Option<(Arc<L>, InFlight)> {
+    fn wait_for(&self, id: u64) -> Option<Arc<SetEntry<L>>> {
         let until = Instant::now() + LINK_GRACE;
         loop {
             if let Some(l) = self.links.read().get(&id).cloned() {
@@ -470,15 +550,18 @@ impl<L: Link> LinkSet<L> {
     }
 }
 
-fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>, Status>) {
-    let (status, body) = match r {
-        Ok(b) => {
+/// A handler's outcome: the response's body and payload, or a failure.
+type Outcome = Result<(Vec<u8>, Option<Attach>), Status>;
+
+fn reply<L: Link>(sh: &Shared, conn: &Conn<L>, id: u64, method: u32, r: Outcome) {
+    let (status, body, payload) = match r {
+        Ok((b, p)) => {
             sh.counters.ok.fetch_add(1, Ordering::Relaxed);
-            (None, b)
+            (None, b, p)
         }
         Err(s) => {
             sh.counters.failed.fetch_add(1, Ordering::Relaxed);
-            (Some(s.code), s.message.into_bytes())
+            (Some(s.code), s.message.into_bytes(), None)
         }
     };
     let f = frame(
@@ -489,10 +572,11 @@ fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>
             id,
             budget_us: 0,
             len: 0,
+            attached: payload.is_some(),
         },
         &body,
     );
-    if let Err(e) = link.send_timeout(&f, sh.cfg.send_timeout) {
+    if let Err(e) = conn.send(&f, payload, sh.cfg.send_timeout) {
         tracing::debug!("an RPC response could not be sent: {e}");
     }
 }
@@ -501,10 +585,10 @@ fn reply<L: Link>(sh: &Shared, link: &L, id: u64, method: u32, r: Result<Vec<u8>
 /// in one send batch).
 const INLINE_DRAIN: usize = 64;
 
-fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
+fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<Conn<L>>) {
     let in_flight: InFlight = Arc::default();
     'link: while !sh.stop.load(Ordering::Acquire) {
-        let m = match link.recv_timeout(Duration::from_millis(100)) {
+        let m = match link.recv(Duration::from_millis(100)) {
             Ok(m) => m,
             Err(rdmx_core::Error::Timeout(_)) => continue,
             Err(_) => break,
@@ -517,7 +601,7 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
         }
         // Inline: this call, and those that are already waiting behind it, their
         // responses in one send batch.
-        let _batch = link.batch();
+        let _batch = link.link.batch();
         let mut next = Some(m);
         let mut taken = 0;
         while let Some(m) = next.take() {
@@ -526,7 +610,7 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
             }
             taken += 1;
             if taken < INLINE_DRAIN {
-                next = link.recv_timeout(Duration::ZERO).ok();
+                next = link.recv(Duration::ZERO).ok();
             }
         }
     }
@@ -534,7 +618,7 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
     for flag in in_flight.lock().values() {
         flag.store(true, Ordering::Relaxed);
     }
-    link.start_close();
+    link.link.start_close();
 }
 
 /// Takes one frame of `link`: a request is answered at once (no such method, too large),
@@ -543,12 +627,17 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<L>) {
 fn take_frame<L: Link>(
     sh: &Arc<Shared>,
     jobs: &Sender<Job>,
-    link: &Arc<L>,
+    link: &Arc<Conn<L>>,
     in_flight: &InFlight,
-    m: L::Frame,
+    m: Incoming<L::Frame>,
 ) -> bool {
-    let (h, body_len) = match Header::parse(&m) {
-        Ok((h, body)) => (h, body.len()),
+    let Incoming {
+        frame: m,
+        header,
+        payload,
+    } = m;
+    let h = match header {
+        Ok(h) => h,
         Err(e) => {
             tracing::debug!("a bad RPC frame: {e}");
             sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -579,9 +668,11 @@ fn take_frame<L: Link>(
         return true;
     };
     let lim = sh.cfg.limits;
-    if body_len > lim.max_request {
+    let size = m.len().saturating_sub(HEADER_LEN) + payload.as_ref().map_or(0, |p| p.len());
+    if size > lim.max_request {
+        drop(payload);
         let r = Err(Status::resource_exhausted(format!(
-            "a request of {body_len} bytes to {name}; the server takes at most {}",
+            "a request of {size} bytes to {name}; the server takes at most {}",
             lim.max_request
         )));
         reply(sh, &**link, h.id, h.method, r);
@@ -593,14 +684,16 @@ fn take_frame<L: Link>(
     if sh.cfg.threads == 0 {
         // Inline: on this reader thread (nothing can cancel it meanwhile: the reader is
         // busy here).
-        run_call(sh, &**link, &h, &m, name, &*handler, deadline, &flag);
+        run_call(sh, link, &h, &m, payload, name, &*handler, deadline, &flag);
         return true;
     }
     in_flight.lock().insert(h.id, Arc::clone(&flag));
     let job = {
         let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(link), Arc::clone(in_flight));
         move || {
-            run_call(&sh, &*link, &h, &m, name, &*handler, deadline, &flag);
+            run_call(
+                &sh, &link, &h, &m, payload, name, &*handler, deadline, &flag,
+            );
             in_flight.lock().remove(&h.id);
         }
     };
@@ -625,9 +718,10 @@ fn take_frame<L: Link>(
 )]
 fn run_call<L: Link>(
     sh: &Shared,
-    link: &L,
+    link: &Conn<L>,
     h: &Header,
     m: &L::Frame,
+    payload: Option<Payload>,
     name: &'static str,
     handler: &Handler,
     deadline: Option<Instant>,
@@ -645,15 +739,30 @@ fn run_call<L: Link>(
         reply(sh, link, h.id, h.method, r);
         return;
     }
-    let body = m.get(crate::wire::HEADER_LEN..).unwrap_or_default();
+    let body = m.get(HEADER_LEN..).unwrap_or_default();
     let cx = CallContext {
         method: name,
         deadline,
         cancelled: Arc::clone(flag),
+        payload: Mutex::new(payload),
+        attach: Mutex::new(None),
+        pool: link.link.pool(),
     };
     let lim = sh.cfg.limits;
     let r = match catch_unwind(AssertUnwindSafe(|| handler(&cx, body, &lim))) {
-        Ok(r) => r,
+        Ok(Ok(b)) => {
+            let p = cx.attach.lock().take();
+            let size = b.len() + p.as_ref().map_or(0, |p| p.len());
+            if size > lim.max_response {
+                Err(Status::resource_exhausted(format!(
+                    "the response of {name} has {size} bytes; the server sends at most {}",
+                    lim.max_response
+                )))
+            } else {
+                Ok((b, p))
+            }
+        }
+        Ok(Err(s)) => Err(s),
         Err(p) => {
             sh.counters.panics.fetch_add(1, Ordering::Relaxed);
             let what = p

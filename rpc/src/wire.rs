@@ -4,7 +4,8 @@
 //! ```text
 //!  0  version (0x52)    1  kind (1 request, 2 response, 3 cancel)
 //!  2  status            (responses: 0 ok, else a gRPC code; the body is then its message)
-//!  3  0
+//!  3  flags           (bit 0: a payload follows as the next message; requests and
+//!                       responses only)
 //!  4  method            (u32: the FNV-1a hash of the method's name)
 //!  8  call id           (u64: the caller's number for the call)
 //! 16  budget           (u32: requests: microseconds the caller still waits, 0 none)
@@ -49,7 +50,12 @@ pub struct Header {
     pub budget_us: u32,
     /// Body bytes.
     pub len: u32,
+    /// A payload follows as the link's next message (see [`crate::payload`]).
+    pub attached: bool,
 }
+
+/// Flag bit: a payload follows.
+const ATTACHED: u8 = 1;
 
 /// Why a frame was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -67,6 +73,9 @@ pub enum FrameError {
     /// A status number we do not know.
     #[error("an RPC response with unknown status {0}")]
     Status(u8),
+    /// Flags this version does not know, or a payload on a cancel.
+    #[error("an RPC frame with flags {0:#04x}")]
+    Flags(u8),
     /// Longer than its length says.
     #[error("an RPC frame with {extra} bytes after its body")]
     Trailing {
@@ -85,7 +94,7 @@ impl Header {
             Kind::Cancel => 3,
         };
         out[2] = self.status.map_or(0, Code::to_u8);
-        out[3] = 0;
+        out[3] = if self.attached { ATTACHED } else { 0 };
         out[4..8].copy_from_slice(&self.method.to_le_bytes());
         out[8..16].copy_from_slice(&self.id.to_le_bytes());
         out[16..20].copy_from_slice(&self.budget_us.to_le_bytes());
@@ -113,6 +122,11 @@ impl Header {
             0 => None,
             s => Some(Code::from_u8(s).ok_or(FrameError::Status(s))?),
         };
+        let attached = match h[3] {
+            0 => false,
+            ATTACHED if kind != Kind::Cancel => true,
+            f => return Err(FrameError::Flags(f)),
+        };
         let word = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
         let mut id = [0u8; 8];
         id.copy_from_slice(&h[8..16]);
@@ -123,6 +137,7 @@ impl Header {
             id: u64::from_le_bytes(id),
             budget_us: word(16),
             len: word(20),
+            attached,
         };
         let body = &data[HEADER_LEN..];
         let len = header.len as usize;
@@ -173,6 +188,7 @@ mod tests {
             id: u64::MAX - 3,
             budget_us: 1234,
             len: 0,
+            attached: true,
         };
         let f = frame(h, b"no such key");
         let (g, body) = Header::parse(&f).unwrap();
@@ -190,6 +206,7 @@ mod tests {
                 id: 1,
                 budget_us: 0,
                 len: 0,
+                attached: false,
             },
             b"abc",
         );
@@ -202,7 +219,7 @@ mod tests {
             Header::parse(&long),
             Err(FrameError::Trailing { extra: 1 })
         ));
-        for (at, v) in [(0, 0x51u8), (1, 9), (2, 99)] {
+        for (at, v) in [(0, 0x51u8), (1, 9), (2, 99), (3, 2)] {
             let mut bad = good.clone();
             bad[at] = v;
             assert!(Header::parse(&bad).is_err(), "byte {at} = {v} taken");

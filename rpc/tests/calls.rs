@@ -252,6 +252,7 @@ fn garbage_frames_are_counted_and_change_nothing() {
             id: 99,
             budget_us: 1_000_000,
             len: 0,
+            attached: false,
         },
         &[2, b'o', b'k'],
     );
@@ -364,4 +365,198 @@ fn inline_handlers_on_the_links_reader_thread() {
         Code::Unimplemented
     );
     assert_eq!(server.stats().ok, 201);
+}
+
+/// Takes the request's payload, answers its length and sends it back reversed.
+const REVERSE: Method<u32, usize> = Method::new("test.reverse");
+
+fn payload_setup(limits: Limits) -> (Server, Client<MemLink>) {
+    let service = Service::builder()
+        .method(REVERSE, |cx, tag: u32| {
+            let Some(p) = cx.take_payload() else {
+                return Err(Status::invalid_argument("no payload"));
+            };
+            let mut v = p.into_vec();
+            let n = v.len();
+            v.reverse();
+            v.extend_from_slice(&tag.to_le_bytes());
+            cx.attach(v);
+            Ok(n)
+        })
+        .method(ECHO, |cx, s: String| {
+            // (A pool is what an rdmx endpoint has; an in-memory link has none.)
+            assert_eq!(cx.alloc(8).unwrap_err().code, Code::Unimplemented);
+            Ok(s)
+        })
+        .build()
+        .unwrap();
+    let server = Server::new(
+        service,
+        ServerConfig {
+            threads: 3,
+            limits,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let (a, b) = pair();
+    server.serve(a).unwrap();
+    let client = Client::new(
+        b,
+        ClientConfig {
+            limits,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    (server, client)
+}
+
+#[test]
+fn payloads_travel_beside_calls_and_responses_from_many_threads() {
+    let (server, client) = payload_setup(Limits::default());
+    // Many threads, calls with and without payloads interleaved on one link: each frame
+    // keeps its own payload (nothing comes between them).
+    let threads: Vec<_> = (0..8u32)
+        .map(|t| {
+            let c = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let n = ((t * 131 + i * 17) % 3000) as usize;
+                    let data: Vec<u8> = (0..n).map(|k| (k as u32 ^ t ^ i) as u8).collect();
+                    let (len, back) = c
+                        .call_with(REVERSE, &(t * 1000 + i), Some(data.clone().into()))
+                        .unwrap();
+                    assert_eq!(len, n);
+                    let mut want = data;
+                    want.reverse();
+                    want.extend_from_slice(&(t * 1000 + i).to_le_bytes());
+                    let back = back.unwrap();
+                    assert!(!back.is_rendezvous());
+                    assert_eq!(&back[..], &want[..]);
+                    let s = format!("{t}/{i}");
+                    assert_eq!(c.call(ECHO, &s).unwrap(), s);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A call that expects a payload and sends none gets the handler's status; a payload
+    // beside a call that does not take it is dropped and the call answered.
+    assert_eq!(
+        client.call(REVERSE, &1).unwrap_err().code,
+        Code::InvalidArgument
+    );
+    let (s, none) = client
+        .call_with(ECHO, &"x".to_string(), Some(b"ignored".as_slice().into()))
+        .unwrap();
+    assert_eq!((s.as_str(), none.is_none()), ("x", true));
+    assert_eq!(server.stats().ok, 8 * 400 + 1);
+    assert_eq!(server.stats().bad_frames, 0);
+    assert_eq!(client.stats().bad_frames, 0);
+}
+
+#[test]
+fn payload_sizes_are_limited_on_both_sides() {
+    let limits = Limits {
+        max_request: 1000,
+        max_response: 1000,
+    };
+    let (server, client) = payload_setup(limits);
+    // The client refuses to send more than its limit ...
+    let e = client
+        .call_with(REVERSE, &0, Some(vec![0u8; 1001].into()))
+        .unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+    // ... the server refuses a response over its own (the payload plus its 4 bytes) ...
+    let e = client
+        .call_with(REVERSE, &0, Some(vec![0u8; 998].into()))
+        .unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+    assert!(e.message.contains("the server sends at most 1000"), "{e}");
+    // ... and a server that allows more than the client takes is refused by the client.
+    let (a, b) = pair();
+    Server::new(
+        Service::builder()
+            .method(REVERSE, |cx, _: u32| {
+                cx.attach(vec![7u8; 5000]);
+                Ok(0usize)
+            })
+            .build()
+            .unwrap(),
+        ServerConfig::default(),
+    )
+    .unwrap()
+    .serve(a)
+    .unwrap();
+    let small = Client::new(
+        b,
+        ClientConfig {
+            limits,
+            ..ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let e = small.call_with(REVERSE, &0, None).unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+    assert!(e.message.contains("the client takes at most 1000"), "{e}");
+    // The links still pair frames and payloads afterwards.
+    let (n, back) = client
+        .call_with(REVERSE, &9, Some(vec![1, 2, 3].into()))
+        .unwrap();
+    assert_eq!((n, &back.unwrap()[..]), (3, &[3, 2, 1, 9, 0, 0, 0][..]));
+    assert_eq!(server.stats().bad_frames, 0);
+}
+
+#[test]
+fn the_payload_is_the_next_message_whatever_it_is() {
+    let (server, client) = payload_setup(Limits::default());
+    drop(client);
+    let (a, b) = pair();
+    server.serve(a).unwrap();
+    let f = rdmx_rpc::wire::frame(
+        rdmx_rpc::wire::Header {
+            kind: rdmx_rpc::wire::Kind::Request,
+            status: None,
+            method: REVERSE.id(),
+            id: 1,
+            budget_us: 0,
+            len: 0,
+            attached: true,
+        },
+        &[1],
+    );
+    b.send_timeout(&f, Duration::from_secs(1)).unwrap();
+    // The payload is the next message, whatever it is: a frame of garbage here.
+    b.send_timeout(b"not a frame", Duration::from_secs(1))
+        .unwrap();
+    let r = b.recv_timeout(Duration::from_secs(5)).unwrap();
+    let (h, body) = rdmx_rpc::wire::Header::parse(&r).unwrap();
+    assert_eq!((h.id, h.status, h.attached), (1, None, true));
+    assert_eq!(body, [11]);
+    let p = b.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(&p[..], b"emarf a ton\x01\0\0\0");
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_calls_with_payloads() {
+    let (_server, client) = payload_setup(Limits::default());
+    let calls: Vec<_> = (0..32u32)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                let data = vec![i as u8; i as usize * 100];
+                c.call_with_async(REVERSE, &i, Some(data.into())).await
+            })
+        })
+        .collect();
+    for (i, h) in calls.into_iter().enumerate() {
+        let (n, back) = h.await.unwrap().unwrap();
+        let back = back.unwrap();
+        assert_eq!((n, back.len()), (i * 100, i * 100 + 4));
+        assert!(back[..n].iter().all(|&b| b == i as u8));
+    }
 }

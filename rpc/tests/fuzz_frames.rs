@@ -32,8 +32,10 @@ proptest! {
 
     #[test]
     fn headers_round_trip(k in any::<u8>(), method in any::<u32>(), id in any::<u64>(),
-                          budget in any::<u32>(), body in prop::collection::vec(any::<u8>(), 0..100)) {
-        let h = Header { kind: kind(k), status: None, method, id, budget_us: budget, len: 0 };
+                          budget in any::<u32>(), body in prop::collection::vec(any::<u8>(), 0..100),
+                          att in any::<bool>()) {
+        let attached = att && kind(k) != Kind::Cancel;
+        let h = Header { kind: kind(k), status: None, method, id, budget_us: budget, len: 0, attached };
         let f = frame(h, &body);
         let (g, b) = Header::parse(&f).unwrap();
         prop_assert_eq!(g, Header { len: body.len() as u32, ..h });
@@ -44,23 +46,29 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Frames with this service's method id and a random body, random kinds and ids, and
-    /// raw garbage: the server answers or drops each, and then still echoes.
+    /// Frames with this service's method id and a random body, random kinds and ids, some
+    /// with a random payload after them, and raw garbage: the server answers or drops each,
+    /// and then still echoes.
     #[test]
     fn a_server_fed_anything_keeps_serving(frames in prop::collection::vec(
-        (any::<u8>(), any::<u64>(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..64)), 1..40)
+        (any::<u8>(), any::<u64>(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..64),
+         prop::option::of(prop::collection::vec(any::<u8>(), 0..64))), 1..40)
     ) {
         let service = Service::builder().method(ECHO, |_, v: Vec<String>| Ok(v)).build().unwrap();
         let server = Server::new(service, ServerConfig { threads: 1, ..ServerConfig::default() }).unwrap();
         let (a, b) = pair();
         server.serve(a).unwrap();
-        for (k, id, raw, body) in &frames {
+        for (k, id, raw, body, payload) in &frames {
+            let attached = payload.is_some() && kind(*k) != Kind::Cancel && !*raw;
             let f = if *raw {
                 body.clone()
             } else {
-                frame(Header { kind: kind(*k), status: None, method: ECHO.id(), id: *id, budget_us: 1_000_000, len: 0 }, body)
+                frame(Header { kind: kind(*k), status: None, method: ECHO.id(), id: *id, budget_us: 1_000_000, len: 0, attached }, body)
             };
             b.send_timeout(&f, Duration::from_secs(1)).unwrap();
+            if let (true, Some(p)) = (attached, payload) {
+                b.send_timeout(p, Duration::from_secs(1)).unwrap();
+            }
         }
         let client = Client::new(b, ClientConfig::default()).unwrap();
         let v = vec!["still".to_string(), "here".to_string()];
@@ -80,7 +88,7 @@ proptest! {
             for (status, k, body) in answers {
                 let Ok(req) = a.recv_timeout(Duration::from_secs(2)) else { return };
                 let Ok((h, _)) = Header::parse(&req) else { return };
-                let mut f = frame(Header { kind: kind(k), status: None, method: h.method, id: h.id, budget_us: 0, len: 0 }, &body);
+                let mut f = frame(Header { kind: kind(k), status: None, method: h.method, id: h.id, budget_us: 0, len: 0, attached: false }, &body);
                 f[2] = status;
                 let _ = a.send_timeout(&f, Duration::from_secs(1));
             }

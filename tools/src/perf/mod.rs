@@ -342,6 +342,11 @@ pub(crate) struct PerfArgs {
     /// --layer rpc: the server's handler threads.
     #[arg(long, default_value_t = 2)]
     rpc_threads: usize,
+    /// --layer rpc: the echo's bytes travel as a payload beside the call (shared bytes in,
+    /// the server's pool buffer back: zero-copy at rendezvous sizes) instead of in its
+    /// serde body.
+    #[arg(long)]
+    rpc_payload: bool,
     /// (The server process of --layer rpc.)
     #[arg(long, hide = true)]
     rpc_serve: bool,

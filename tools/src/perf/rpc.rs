@@ -5,13 +5,15 @@
 //!   calls per second;
 //! * `--test rate`: `--rpc-depth` calls kept in flight; calls per second.
 //!
-//! Every call sends `--size` bytes and checks that the same bytes come back.
+//! Every call sends `--size` bytes and checks that the same bytes come back: in the call's
+//! serde body, or with `--rpc-payload` as a payload beside it (shared bytes in, the
+//! server's pool buffer back: zero-copy at rendezvous sizes on RC and XRC).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmx::rpc::{Client, ClientConfig, Method, Server, ServerConfig, Service};
+use rdmx::rpc::{Attach, Client, ClientConfig, Method, Server, ServerConfig, Service, Status};
 use serde::Serialize;
 
 use super::msg::{RdmxResultExt, open_context, transport, transport_name};
@@ -21,6 +23,8 @@ use crate::error::{Error, Result, ResultExt};
 
 /// The echo method: bytes in, the same bytes out.
 const ECHO: Method<Vec<u8>, Vec<u8>> = Method::new("perf.echo");
+/// The echo of a payload: the request's payload comes back as the response's.
+const ECHO_PAYLOAD: Method<(), ()> = Method::new("perf.echo_payload");
 
 /// What `rdmx perf --layer rpc` prints (one JSON object with `--json`).
 #[derive(Debug, Serialize)]
@@ -29,6 +33,7 @@ struct RpcReport {
     layer: &'static str,
     transport: &'static str,
     size: usize,
+    payload: bool,
     depth: usize,
     calls: u64,
     busy_poll: bool,
@@ -49,6 +54,16 @@ fn serve(args: &PerfArgs) -> Result<()> {
     let ep = listener.accept().rctx("accepting")?;
     let service = Service::builder()
         .method(ECHO, |_, b: Vec<u8>| Ok(b))
+        .method(ECHO_PAYLOAD, |cx, ()| {
+            let p = cx
+                .take_payload()
+                .ok_or_else(|| Status::invalid_argument("no payload"))?;
+            match p.into_buf() {
+                Ok(b) => cx.attach(b),
+                Err(p) => cx.attach(p.into_vec()),
+            }
+            Ok(())
+        })
         .build()
         .map_err(|e| Error::msg(e.to_string()))?;
     let server = Server::new(
@@ -84,6 +99,11 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
             )));
         }
     };
+    if args.rpc_payload && !lat {
+        return Err(Error::msg(
+            "--rpc-payload is measured with --test lat (sequential calls)",
+        ));
+    }
     let size = args.size.first().copied().unwrap_or(8) as usize;
     let depth = if lat { 1 } else { args.rpc_depth.max(1) };
     let calls = args.iters.unwrap_or(if lat { 20_000 } else { 200_000 });
@@ -122,19 +142,41 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     let ep = ctx.connect(addr).rctx("connecting")?;
     let client = Client::new(ep, ClientConfig::default()).ctx("starting the client")?;
     let req: Vec<u8> = (0..size).map(|i| (i * 31 + 7) as u8).collect();
+    let shared = rdmx::SharedBytes::from(req.clone());
     let timeout = Duration::from_secs(30);
-    let check = |r: std::result::Result<Vec<u8>, rdmx::rpc::Status>| -> Result<()> {
-        match r {
-            Ok(b) if b == req => Ok(()),
-            Ok(b) => Err(Error::msg(format!(
+    let check_bytes = |b: &[u8]| -> Result<()> {
+        if b == req.as_slice() {
+            Ok(())
+        } else {
+            Err(Error::msg(format!(
                 "the echo came back different ({} bytes for {size})",
                 b.len()
-            ))),
-            Err(s) => Err(Error::msg(format!("a call failed: {s}"))),
+            )))
+        }
+    };
+    let check = |r: std::result::Result<Vec<u8>, Status>| -> Result<()> {
+        check_bytes(&r.map_err(|s| Error::msg(format!("a call failed: {s}")))?)
+    };
+    let check_payload =
+        |r: std::result::Result<((), Option<rdmx::rpc::Payload>), Status>| -> Result<()> {
+            let (_, p) = r.map_err(|s| Error::msg(format!("a call failed: {s}")))?;
+            check_bytes(p.as_deref().unwrap_or_default())
+        };
+    let payload = args.rpc_payload;
+    let call = || -> Result<()> {
+        if payload {
+            let att = Some(Attach::Shared(shared.clone()));
+            check_payload(
+                client
+                    .start_with(ECHO_PAYLOAD, &(), att, timeout)
+                    .and_then(|p| p.wait_with()),
+            )
+        } else {
+            check(client.call_timeout(ECHO, &req, timeout))
         }
     };
     for _ in 0..warmup {
-        check(client.call_timeout(ECHO, &req, timeout))?;
+        call()?;
     }
     let mut progress = Progress::new(format!("rpc/{}", if lat { "lat" } else { "rate" }), calls);
     let mut samples = Vec::with_capacity(if lat { calls as usize } else { 0 });
@@ -142,7 +184,7 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
     if lat {
         for i in 0..calls {
             let t0 = Instant::now();
-            check(client.call_timeout(ECHO, &req, timeout))?;
+            call()?;
             samples.push(t0.elapsed().as_nanos() as u64);
             progress.update(i);
         }
@@ -188,6 +230,7 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
         layer: "rpc",
         transport: transport_name(t),
         size,
+        payload,
         depth,
         calls,
         busy_poll: args.busy_poll,
@@ -205,9 +248,10 @@ pub(crate) fn run(args: &PerfArgs) -> Result<()> {
         );
     } else {
         println!(
-            "rpc/{} {} B over {}, depth {}, {} calls: {:.0} calls/s{}",
+            "rpc/{} {} B{} over {}, depth {}, {} calls: {:.0} calls/s{}",
             report.test,
             size,
+            if payload { " as a payload" } else { "" },
             report.transport,
             depth,
             calls,
