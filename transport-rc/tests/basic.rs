@@ -652,3 +652,68 @@ fn child_context_lifetime() {
     assert_eq!(threads_named("rdmx-progress"), 0, "progress threads left");
     assert_eq!(threads_named("rdmx-packs"), 0, "pack flushers left");
 }
+
+#[test]
+fn answers_sent_while_draining_inside_a_batch_share_frames() {
+    // A server's loop: take a message, open a batch, answer it, then take (without
+    // waiting) and answer whatever else came. The zero-timeout receives make progress,
+    // and that progress must not send the batch's packed frame early: 16 answers leave in
+    // a frame or two, not in 16.
+    let (c, cep, s, sep) = pair();
+    let t = Duration::from_secs(10);
+    for round in 0..20u32 {
+        {
+            let _b = c.batch();
+            for i in 0..16u32 {
+                cep.send(&(round * 16 + i).to_le_bytes()).expect("send");
+            }
+        }
+        let before = s.stats();
+        let first = sep.recv_timeout(t).expect("recv");
+        let batch = s.batch();
+        sep.send(&first).expect("answer");
+        let mut answered = 1;
+        while answered < 16 {
+            match sep.recv_timeout(Duration::ZERO) {
+                Ok(m) => {
+                    sep.send(&m).expect("answer");
+                    answered += 1;
+                }
+                // (The request frame may have come in two: wait for the rest.)
+                Err(rdmx_core::Error::Timeout(_)) => {
+                    let m = sep.recv_timeout(t).expect("recv");
+                    sep.send(&m).expect("answer");
+                    answered += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(batch);
+        let after = s.stats();
+        assert_eq!(after.sent_packed - before.sent_packed, 16, "{after:?}");
+        assert!(
+            after.packed_frames - before.packed_frames <= 3,
+            "16 answers in {} frames",
+            after.packed_frames - before.packed_frames
+        );
+        // A thread that waits inside its batch sends what it holds first.
+        for i in 0..16u32 {
+            let m = cep.recv_timeout(t).expect("answer back");
+            assert_eq!(m[..], (round * 16 + i).to_le_bytes());
+        }
+    }
+    // Waiting inside a batch on the same context: what the batch holds goes before the
+    // wait (the answer depends on it).
+    let echo = std::thread::spawn(move || {
+        for _ in 0..20 {
+            let m = sep.recv_timeout(t).expect("recv");
+            sep.send(&m).expect("answer");
+        }
+    });
+    let _b = c.batch();
+    for i in 0..20u32 {
+        cep.send(&i.to_le_bytes()).expect("send");
+        assert_eq!(cep.recv_timeout(t).expect("answer")[..], i.to_le_bytes());
+    }
+    echo.join().expect("echo thread");
+}

@@ -126,6 +126,12 @@ pub fn wait_until<T>(
             if let Some(r) = f(&mut st) {
                 return lead.end(sh, &mut st, r);
             }
+            // A thread that waits inside a send batch of its own first sends what the batch
+            // holds (what it waits for may be the answer to it). A look that may not wait
+            // (a zero timeout: draining what came in) keeps it.
+            if polls == 0 && timeout != Some(Duration::ZERO) && w.batch_open() {
+                w.flush_batches(&mut st);
+            }
             let act = st.activity(wait.on);
             if seen.is_some_and(|s| s != act) {
                 spin_from = None;

@@ -77,8 +77,11 @@ impl Shared {
     /// Follow-up work after state changed.
     pub(crate) fn after(&self, st: &mut State, cx: &mut Cx<'_>) {
         // Whoever makes progress (a thread that waits or polls, the background thread)
-        // sends the packed frames still open: they wait for no more than that.
-        if !st.packs.is_empty() {
+        // sends the packed frames still open: they wait for no more than that. Except a
+        // thread inside a send batch of its own: it may be draining what came in and
+        // answering it (its answers share frames); it flushes when the batch ends, or
+        // before it waits (`wait_until`), and the pack timer bounds the hold in any case.
+        if !st.packs.is_empty() && !cx.worker().batch_open() {
             self.flush_packs(st);
         }
         // While every buffer is promised and some endpoint is below its window (or a peer
