@@ -680,7 +680,7 @@ fn answers_sent_while_draining_inside_a_batch_share_frames() {
                     answered += 1;
                 }
                 // (The request frame may have come in two: wait for the rest.)
-                Err(rdmx_core::Error::Timeout(_)) => {
+                Err(Error::Timeout(_)) => {
                     let m = sep.recv_timeout(t).expect("recv");
                     sep.send(&m).expect("answer");
                     answered += 1;
