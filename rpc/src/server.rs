@@ -388,58 +388,7 @@ impl Server {
                 );
                 std::thread::Builder::new()
                     .name(format!("rdmx-rpc-set-{i}"))
-                    .spawn(move || {
-                        while !sh.stop.load(Ordering::Acquire) {
-                            let turn = recv.lock();
-                            let (id, m) = match (*turn)(Duration::from_millis(100)) {
-                                Ok(x) => x,
-                                Err(
-                                    rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock,
-                                ) => {
-                                    continue;
-                                }
-                                Err(e) => {
-                                    // (An endpoint's end comes as an error of the receive:
-                                    // the others go on.)
-                                    tracing::debug!("serve_set: {e}");
-                                    drop(turn);
-                                    std::thread::sleep(Duration::from_millis(1));
-                                    continue;
-                                }
-                            };
-                            let Some(entry) = set.wait_for(id) else {
-                                sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            };
-                            let incoming = {
-                                let mut announced = entry.announced.lock();
-                                if let Some(frame) = announced.take() {
-                                    let header = Header::parse(&frame).map(|(h, _)| h);
-                                    Incoming {
-                                        frame,
-                                        header,
-                                        payload: Some(m.into()),
-                                    }
-                                } else {
-                                    let header = Header::parse(&m).map(|(h, _)| h);
-                                    if header.as_ref().is_ok_and(|h| h.attached) {
-                                        *announced = Some(m);
-                                        continue;
-                                    }
-                                    Incoming {
-                                        frame: m,
-                                        header,
-                                        payload: None,
-                                    }
-                                }
-                            };
-                            drop(turn);
-                            let _batch = entry.conn.link.batch();
-                            if !take_frame(&sh, &jobs, &entry.conn, &entry.in_flight, incoming) {
-                                break;
-                            }
-                        }
-                    })
+                    .spawn(move || serve_set_thread(&sh, &jobs, &set, &*recv))
             })
             .collect()
     }
@@ -524,6 +473,26 @@ impl<L: Link> LinkSet<L> {
         true
     }
 
+    /// Keeps the links for which `keep` is true (for instance those still connected); the
+    /// calls under way of the others are cancelled. How many were removed.
+    pub fn retain(&self, keep: impl Fn(&L) -> bool) -> usize {
+        let gone: Vec<Arc<SetEntry<L>>> = {
+            let mut links = self.links.write();
+            let ids: Vec<u64> = links
+                .iter()
+                .filter(|(_, e)| !keep(&e.conn.link))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| links.remove(id)).collect()
+        };
+        for e in &gone {
+            for flag in e.in_flight.lock().values() {
+                flag.store(true, Ordering::Relaxed);
+            }
+        }
+        gone.len()
+    }
+
     /// Link `id`, waiting a little for it: a client may send its first request the moment
     /// it is connected, before whoever accepted it has added it.
     fn wait_for(&self, id: u64) -> Option<Arc<SetEntry<L>>> {
@@ -547,6 +516,87 @@ impl<L: Link> LinkSet<L> {
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Messages a reader of a [`LinkSet`] takes in one turn when more are waiting (handled
+/// after its turn, their responses in one send batch).
+const SET_DRAIN: usize = 64;
+
+/// One reader thread of [`Server::serve_set`]: in its turn at the shared receive, it takes
+/// a message (waiting) and whatever else is there, paired with their payloads; then it
+/// handles them, their responses in one send batch.
+fn serve_set_thread<L, R>(sh: &Arc<Shared>, jobs: &Sender<Job>, set: &LinkSet<L>, recv: &Mutex<R>)
+where
+    L: Link,
+    R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)>,
+{
+    let mut got: Vec<(Arc<SetEntry<L>>, Incoming<L::Frame>)> = Vec::new();
+    while !sh.stop.load(Ordering::Acquire) {
+        {
+            let turn = recv.lock();
+            let mut wait = Duration::from_millis(100);
+            while got.len() < SET_DRAIN {
+                let (id, m) = match (*turn)(wait) {
+                    Ok(x) => x,
+                    Err(rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock) => break,
+                    Err(e) => {
+                        // (An endpoint's end comes as an error of the receive: the others
+                        // go on.)
+                        tracing::debug!("serve_set: {e}");
+                        if got.is_empty() {
+                            drop(turn);
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        break;
+                    }
+                };
+                wait = Duration::ZERO;
+                let Some(entry) = set.wait_for(id) else {
+                    sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                if let Some(incoming) = entry.pair(m) {
+                    got.push((entry, incoming));
+                }
+            }
+        }
+        let Some((first, _)) = got.first() else {
+            continue;
+        };
+        let first = Arc::clone(first);
+        let _batch = first.conn.link.batch();
+        for (entry, incoming) in got.drain(..) {
+            if !take_frame(sh, jobs, &entry.conn, &entry.in_flight, incoming) {
+                return;
+            }
+        }
+    }
+}
+
+impl<L: Link> SetEntry<L> {
+    /// Message `m` of this link, paired: `None` while it is a frame whose payload has not
+    /// come (it is kept until it does).
+    fn pair(&self, m: L::Frame) -> Option<Incoming<L::Frame>> {
+        let mut announced = self.announced.lock();
+        if let Some(frame) = announced.take() {
+            let header = Header::parse(&frame).map(|(h, _)| h);
+            return Some(Incoming {
+                frame,
+                header,
+                payload: Some(m.into()),
+            });
+        }
+        let header = Header::parse(&m).map(|(h, _)| h);
+        if header.as_ref().is_ok_and(|h| h.attached) {
+            *announced = Some(m);
+            return None;
+        }
+        Some(Incoming {
+            frame: m,
+            header,
+            payload: None,
+        })
     }
 }
 

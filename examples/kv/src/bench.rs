@@ -1,6 +1,13 @@
-//! The YCSB-style bench: `clients` threads, each a context and a connection of its own,
-//! run a [`Mix`] of reads and updates on keys drawn by a [`Dist`] for `secs` seconds, with
-//! a live line once a second; then ops/s and p50/p99/p99.9 per operation type.
+//! The YCSB-style bench: `clients` connections (on one context), driven by a thread each
+//! or, with `threads`, by that many threads as `redis-benchmark` drives its connections
+//! from one, run a [`Mix`] of reads and updates on keys drawn by a [`Dist`] for `secs`
+//! seconds, with a live line once a second; then ops/s and p50/p99/p99.9 per operation
+//! type.
+//!
+//! A thread with several connections runs them in waves: one round on each (its RPC
+//! operations all leave in one send batch), then it takes the answers, connection after
+//! connection. One-sided reads are blocking: a thread does its connections' one after
+//! another.
 //!
 //! Reads are one-sided (RDMA READ of the key's slots) or through the server (RPC);
 //! updates go through the server. With `depth` > 1 a client runs rounds of `depth`
@@ -29,8 +36,10 @@ pub struct BenchOptions {
     pub keys: u64,
     /// Value bytes (at least 16).
     pub value_size: usize,
-    /// Client threads.
+    /// Connections (clients).
     pub clients: usize,
+    /// Threads that drive them (0: one per connection).
+    pub threads: usize,
     /// RPC operations in flight per client.
     pub depth: usize,
     /// Seconds measured.
@@ -47,6 +56,7 @@ impl Default for BenchOptions {
             keys: 10_000,
             value_size: 64,
             clients: 1,
+            threads: 0,
             depth: 1,
             secs: 5.0,
             one_sided: true,
@@ -78,8 +88,10 @@ pub struct BenchReport {
     pub dist: String,
     /// Value bytes.
     pub value_size: usize,
-    /// Client threads.
+    /// Connections (clients).
     pub clients: usize,
+    /// Threads that drove them.
+    pub threads: usize,
     /// RPC operations in flight per client.
     pub depth: usize,
     /// "one-sided" or "rpc".
@@ -161,61 +173,68 @@ fn finish(r: &mut ClientResult, p: Pending) {
 }
 
 fn run_client(
-    c: &KvClient,
+    clients: &[&KvClient],
     o: &BenchOptions,
     seed: u64,
     stop: &AtomicBool,
     done: &AtomicU64,
 ) -> ClientResult {
     let mut r = ClientResult::default();
+    let Some(first) = clients.first() else {
+        return r;
+    };
     let keys = KeyGen::new(o.keys, o.dist);
     let mut rng = Rng::new(seed);
     let mut version = seed << 32;
-    let mut round = Vec::with_capacity(o.depth.max(1));
+    let depth = o.depth.max(1);
+    let mut wave = Vec::with_capacity(depth * clients.len());
     let timeout = Duration::from_secs(10);
-    // Rounds of `depth` operations, as `redis-benchmark -P` pipelines: the round's RPC
-    // operations leave in one send batch, then the round waits for all their answers.
+    // Rounds of `depth` operations on each connection, as `redis-benchmark -P` pipelines:
+    // the wave's RPC operations leave in one send batch (the connections share a context,
+    // so one batch holds them all), then the wave waits for all their answers.
     while !stop.load(Ordering::Relaxed) {
-        let batch = c.rpc().batch();
-        for _ in 0..o.depth.max(1) {
-            let k = keys.next(&mut rng);
-            let read = rng.unit() < o.mix.read_fraction();
-            if read && o.one_sided {
+        let batch = first.rpc().batch();
+        for c in clients {
+            for _ in 0..depth {
+                let k = keys.next(&mut rng);
+                let read = rng.unit() < o.mix.read_fraction();
+                if read && o.one_sided {
+                    let t0 = Instant::now();
+                    match c.get_one_sided_counted(&key(k), &mut r.reads) {
+                        Ok(v) => check_get(&mut r, v, k),
+                        Err(_) => r.errors += 1,
+                    }
+                    if r.gets.len() < MAX_SAMPLES {
+                        r.gets.push(t0.elapsed().as_nanos() as u64);
+                    }
+                    continue;
+                }
                 let t0 = Instant::now();
-                match c.get_one_sided_counted(&key(k), &mut r.reads) {
-                    Ok(v) => check_get(&mut r, v, k),
+                let p = if read {
+                    c.rpc()
+                        .start(methods::GET, &key(k), timeout)
+                        .map(|p| Pending::Get(t0, p))
+                } else {
+                    version += 1;
+                    c.rpc()
+                        .start(
+                            methods::PUT,
+                            &(key(k), value(k, version, o.value_size)),
+                            timeout,
+                        )
+                        .map(|p| Pending::Put(t0, p))
+                };
+                match p {
+                    Ok(p) => wave.push(p),
                     Err(_) => r.errors += 1,
                 }
-                if r.gets.len() < MAX_SAMPLES {
-                    r.gets.push(t0.elapsed().as_nanos() as u64);
-                }
-                continue;
-            }
-            let t0 = Instant::now();
-            let p = if read {
-                c.rpc()
-                    .start(methods::GET, &key(k), timeout)
-                    .map(|p| Pending::Get(t0, p))
-            } else {
-                version += 1;
-                c.rpc()
-                    .start(
-                        methods::PUT,
-                        &(key(k), value(k, version, o.value_size)),
-                        timeout,
-                    )
-                    .map(|p| Pending::Put(t0, p))
-            };
-            match p {
-                Ok(p) => round.push(p),
-                Err(_) => r.errors += 1,
             }
         }
         drop(batch);
-        for p in round.drain(..) {
+        for p in wave.drain(..) {
             finish(&mut r, p);
         }
-        done.fetch_add(o.depth.max(1) as u64, Ordering::Relaxed);
+        done.fetch_add((depth * clients.len()) as u64, Ordering::Relaxed);
     }
     r
 }
@@ -279,13 +298,22 @@ pub fn run(addr: SocketAddr, o: &BenchOptions, progress: bool) -> Result<BenchRe
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
+    let threads = match o.threads {
+        0 => clients.len(),
+        t => t.min(clients.len()),
+    };
+    // Connections dealt to threads round-robin.
+    let mut groups: Vec<Vec<&KvClient>> = vec![Vec::new(); threads];
+    for (i, c) in clients.iter().enumerate() {
+        groups[i % threads].push(c);
+    }
     let results: Vec<ClientResult> = std::thread::scope(|s| {
-        let handles: Vec<_> = clients
+        let handles: Vec<_> = groups
             .iter()
             .enumerate()
-            .map(|(i, c)| {
+            .map(|(i, g)| {
                 let (stop, done) = (&*stop, &*done);
-                s.spawn(move || run_client(c, o, 0x9e37 + i as u64 * 7919, stop, done))
+                s.spawn(move || run_client(g, o, 0x9e37 + i as u64 * 7919, stop, done))
             })
             .collect();
         let end = start + Duration::from_secs_f64(o.secs);
@@ -329,6 +357,7 @@ pub fn run(addr: SocketAddr, o: &BenchOptions, progress: bool) -> Result<BenchRe
         },
         value_size: o.value_size,
         clients: o.clients,
+        threads,
         depth: o.depth,
         get: if o.one_sided { "one-sided" } else { "rpc" },
         secs,
@@ -353,13 +382,14 @@ impl BenchReport {
             )
         };
         format!(
-            "workload {} ({}), {} B values, {} client(s), depth {}, GET {}: {:.0} ops/s in {:.1} s\n\
+            "workload {} ({}), {} B values, {} client(s) on {} thread(s), depth {}, GET {}: {:.0} ops/s in {:.1} s\n\
              op          ops        ops/s   p50[us]   p99[us] p99.9[us]\n{}{}\
              one-sided re-reads {}, fallbacks {}; bad values {}, missing {}, errors {}\n",
             self.workload,
             self.dist,
             self.value_size,
             self.clients,
+            self.threads,
             self.depth,
             self.get,
             self.ops_per_s,

@@ -59,6 +59,11 @@ pub struct ServerOptions {
     pub slots: u64,
     /// Longest value.
     pub max_value: u32,
+    /// Threads that serve every client from the context's one receive (a `LinkSet`): each
+    /// takes what came from all clients and answers it in one send batch. 0: a reader
+    /// thread per client instead (measured: as fast for one client, ten times slower for 50
+    /// connections driven by two threads, whose every wave wakes 50 server threads).
+    pub readers: usize,
 }
 
 impl Default for ServerOptions {
@@ -66,6 +71,7 @@ impl Default for ServerOptions {
         Self {
             slots: 1 << 16,
             max_value: 1024,
+            readers: 1,
         }
     }
 }
@@ -141,15 +147,34 @@ impl KvServer {
         let listener = ctx.listen(addr)?;
         let local = listener.local_addr();
         let s = server.clone();
-        std::thread::Builder::new()
-            .name("rdmx-kv-accept".into())
-            .spawn(move || {
-                while let Ok(ep) = listener.accept() {
-                    if s.serve(ep).is_err() {
-                        break;
+        if opts.readers > 0 {
+            let set = rdmx::rpc::LinkSet::new();
+            let rctx = ctx.clone();
+            s.serve_set(
+                Arc::clone(&set),
+                move |t| rctx.recv_timeout(t).map(|m| (m.endpoint(), m)),
+                opts.readers,
+            )?;
+            std::thread::Builder::new()
+                .name("rdmx-kv-accept".into())
+                .spawn(move || {
+                    while let Ok(ep) = listener.accept() {
+                        // (Clients that went away leave the set as others come.)
+                        set.retain(Endpoint::is_connected);
+                        set.insert(ep.id(), ep);
                     }
-                }
-            })?;
+                })?;
+        } else {
+            std::thread::Builder::new()
+                .name("rdmx-kv-accept".into())
+                .spawn(move || {
+                    while let Ok(ep) = listener.accept() {
+                        if s.serve(ep).is_err() {
+                            break;
+                        }
+                    }
+                })?;
+        }
         Ok(Self {
             addr: local,
             table,

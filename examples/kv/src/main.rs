@@ -2,8 +2,8 @@
 //!
 //! ```sh
 //! rdmx-kv bench --local [--workload a|b|c] [--dist zipf|uniform] [--value-size 64]
-//!                [--clients 1] [--depth 1] [--secs 5] [--keys 10000] [--get one-sided|rpc] [--json]
-//! rdmx-kv serve [--listen 127.0.0.1:7100] [--slots 65536] [--max-value 1024]
+//!                [--clients 1] [--threads 0 (one per client)] [--depth 1] [--secs 5] [--keys 10000] [--get one-sided|rpc] [--json]
+//! rdmx-kv serve [--listen 127.0.0.1:7100] [--slots 65536] [--max-value 1024] [--readers 1]
 //! rdmx-kv put KEY VALUE [--connect 127.0.0.1:7100]
 //! rdmx-kv get KEY [--connect ADDR] [--rpc]
 //! rdmx-kv del KEY [--connect ADDR]
@@ -109,6 +109,7 @@ fn bench_options(o: &Opts<'_>) -> Result<BenchOptions, String> {
         keys: o.num("keys", d.keys)?,
         value_size: o.num("value-size", d.value_size)?,
         clients: o.num("clients", d.clients)?,
+        threads: o.num("threads", d.threads)?,
         depth: o.num("depth", d.depth)?,
         secs: o.num("secs", d.secs)?,
         one_sided,
@@ -130,12 +131,13 @@ fn cli(args: &[String]) -> Result<(), Box<dyn Error>> {
     let addr = o.get("connect").unwrap_or(DEFAULT_ADDR);
     match cmd.as_str() {
         "serve" => {
-            o.only(&["listen", "slots", "max-value"])?;
+            o.only(&["listen", "slots", "max-value", "readers"])?;
             let s = KvServer::start(
                 o.get("listen").unwrap_or(DEFAULT_ADDR),
                 ServerOptions {
                     slots: o.num("slots", ServerOptions::default().slots)?,
                     max_value: o.num("max-value", ServerOptions::default().max_value)?,
+                    readers: o.num("readers", ServerOptions::default().readers)?,
                 },
             )?;
             println!("LISTEN {}", s.local_addr());
@@ -185,9 +187,11 @@ fn cli(args: &[String]) -> Result<(), Box<dyn Error>> {
                 "keys",
                 "value-size",
                 "clients",
+                "threads",
                 "depth",
                 "secs",
                 "get",
+                "readers",
             ])?;
             let b = bench_options(&o)?;
             let local = if o.flag("local") {
@@ -196,6 +200,7 @@ fn cli(args: &[String]) -> Result<(), Box<dyn Error>> {
                     ServerOptions {
                         slots: (b.keys * 2).max(1024).next_power_of_two(),
                         max_value: b.value_size.max(64) as u32,
+                        readers: o.num("readers", ServerOptions::default().readers)?,
                     },
                 )?)
             } else {

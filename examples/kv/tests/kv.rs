@@ -12,7 +12,19 @@ use rdmx_kv::workload::{Dist, KeyGen, Mix, Rng, check_value, key, value};
 use rdmx_kv::{KvClient, KvServer, ServerOptions};
 
 fn server(slots: u64, max_value: u32) -> KvServer {
-    KvServer::start("127.0.0.1:0", ServerOptions { slots, max_value }).unwrap()
+    server_with(slots, max_value, ServerOptions::default().readers)
+}
+
+fn server_with(slots: u64, max_value: u32, readers: usize) -> KvServer {
+    KvServer::start(
+        "127.0.0.1:0",
+        ServerOptions {
+            slots,
+            max_value,
+            readers,
+        },
+    )
+    .unwrap()
 }
 
 #[test]
@@ -158,14 +170,23 @@ fn one_sided_reads_never_see_torn_or_stale_values() {
 
 #[test]
 fn the_bench_runs_with_small_parameters() {
-    let s = server(1 << 12, 64);
-    for (mix, one_sided, depth) in [(Mix::A, true, 1), (Mix::B, false, 8), (Mix::C, true, 1)] {
+    // Both server shapes (one set reader for every client, a reader per client), and
+    // clients with a thread each or sharing threads.
+    for (readers, mix, one_sided, depth, clients, threads) in [
+        (1, Mix::A, true, 1, 2, 0),
+        (1, Mix::B, false, 8, 2, 0),
+        (0, Mix::C, true, 1, 2, 0),
+        (0, Mix::A, false, 2, 5, 2),
+        (2, Mix::B, false, 1, 7, 3),
+    ] {
+        let s = server_with(1 << 12, 64, readers);
         let o = BenchOptions {
             mix,
             dist: Dist::Zipf(0.99),
             keys: 500,
             value_size: 64,
-            clients: 2,
+            clients,
+            threads,
             depth,
             secs: 0.3,
             one_sided,
