@@ -523,6 +523,9 @@ impl<L: Link> LinkSet<L> {
 /// after its turn, their responses in one send batch).
 const SET_DRAIN: usize = 64;
 
+/// A message of a [`LinkSet`]'s link, taken with its link.
+type Taken<L> = (Arc<SetEntry<L>>, Incoming<<L as Link>::Frame>);
+
 /// One reader thread of [`Server::serve_set`]: in its turn at the shared receive, it takes
 /// a message (waiting) and whatever else is there, paired with their payloads; then it
 /// handles them, their responses in one send batch.
@@ -531,7 +534,7 @@ where
     L: Link,
     R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)>,
 {
-    let mut got: Vec<(Arc<SetEntry<L>>, Incoming<L::Frame>)> = Vec::new();
+    let mut got: Vec<Taken<L>> = Vec::new();
     while !sh.stop.load(Ordering::Acquire) {
         {
             let turn = recv.lock();
