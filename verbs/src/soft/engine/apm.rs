@@ -202,6 +202,7 @@ impl Nic {
     /// The driver saw local port `port` (0-based) fail: QPs whose primary path uses it and
     /// whose alternate is ARMED migrate now rather than after their retries run out.
     pub fn handle_port_down(&mut self, now: u64, port: usize) {
+        self.timers_dirty = true;
         self.res
             .events
             .push_back(AsyncEvent::PortError(port as u8 + 1));
@@ -224,6 +225,7 @@ impl Nic {
 
     /// Local port `port` (0-based) works again.
     pub fn handle_port_up(&mut self, port: usize) {
+        self.timers_dirty = true;
         self.res
             .events
             .push_back(AsyncEvent::PortActive(port as u8 + 1));

@@ -106,6 +106,11 @@ impl Sim {
     pub(crate) fn step(&mut self) -> bool {
         self.flush();
         let next_pkt = self.queue.peek().map(|Reverse(p)| p.0);
+        for n in &mut self.nics {
+            // The cached earliest timer is the one a pass over every QP finds.
+            let cached = n.poll_timeout();
+            assert_eq!(cached, n.timeout_uncached(), "a stale timer cache");
+        }
         let next_timer = self.nics.iter_mut().filter_map(Nic::poll_timeout).min();
         let next = match (next_pkt, next_timer) {
             (Some(a), Some(b)) => a.min(b),
@@ -128,6 +133,12 @@ impl Sim {
             }
         }
         for n in &mut self.nics {
+            // (Checked again after the packets, before anything is sent.)
+            assert_eq!(
+                n.poll_timeout(),
+                n.timeout_uncached(),
+                "a stale timer cache"
+            );
             if n.poll_timeout().is_some_and(|t| t <= self.now) {
                 n.handle_timeout(self.now);
             }

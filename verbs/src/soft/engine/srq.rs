@@ -92,6 +92,7 @@ impl Nic {
     /// tied to an SRQ (each message names one), so they do not hold it: one that last
     /// delivered into it forgets it, and a later message naming it gets a NAK.
     pub fn destroy_srq(&mut self, srq: u32) -> Result<(), VerbsError> {
+        self.timers_dirty = true;
         if self
             .qps
             .values()
@@ -128,6 +129,7 @@ impl Nic {
 
     /// Posts a receive WQE to an SRQ (`ibv_post_srq_recv`).
     pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        self.timers_dirty = true;
         let s = self.res.srqs.get_mut(&srq).ok_or(PostError::Destroyed)?;
         if s.queue.len() >= s.max_wr as usize {
             return Err(PostError::QueueFull {
