@@ -163,6 +163,12 @@ impl Context {
         self.worker().recv_timeout(timeout)
     }
 
+    /// The next message of any endpoint already received, without polling the device (see
+    /// [`Worker::try_take`]).
+    pub fn try_take(&self) -> Option<Message> {
+        self.worker().try_take()
+    }
+
     /// The next message of any endpoint if one is there now.
     ///
     /// # Errors

@@ -208,6 +208,14 @@ impl Endpoint {
         both!(self, e => e.recv_timeout(timeout))
     }
 
+    /// The next message already received, without making progress (no look at the device):
+    /// for a loop that answers what came in and sends its answers before it looks again
+    /// (a receive, even one that may not wait, polls the device first). `None` when no
+    /// message is queued, and when the endpoint is down (a receive then says why).
+    pub fn try_take(&self) -> Option<Message> {
+        both!(self, e => e.try_take())
+    }
+
     /// The next message if one is there now.
     ///
     /// # Errors
@@ -346,3 +354,15 @@ impl Endpoint {
 }
 
 rdmx_rpc::endpoint_link!(Endpoint, zero_copy);
+
+/// A context is where the messages of its endpoints come from, for a server of many links
+/// (`rdmx_rpc::Server::serve_set`): each message with its endpoint's id.
+impl rdmx_rpc::SetRecv<Message> for crate::Context {
+    fn recv_timeout(&self, timeout: Duration) -> Result<(u64, Message)> {
+        Self::recv_timeout(self, timeout).map(|m| (m.endpoint(), m))
+    }
+
+    fn try_take(&self) -> Option<(u64, Message)> {
+        Self::try_take(self).map(|m| (m.endpoint(), m))
+    }
+}

@@ -48,6 +48,6 @@ pub use method::Method;
 pub use payload::{Attach, Payload};
 pub use server::{
     CallContext, Limits, LinkSet, Server, ServerConfig, ServerStats, Service, ServiceBuilder,
-    ServiceError,
+    ServiceError, SetRecv,
 };
 pub use status::{Code, Status};

@@ -51,6 +51,13 @@ pub trait Link: Send + Sync + 'static {
     fn pool(&self) -> Option<BufferPool> {
         None
     }
+
+    /// The next message already received, without polling for more (`None`: none queued;
+    /// the default has no such queue). A server answers what it took this way before it
+    /// polls again, so that an answer does not wait for a poll that finds nothing.
+    fn try_take(&self) -> Option<Self::Frame> {
+        None
+    }
 }
 
 /// A shared link (for a client that also uses the endpoint for something else, such as
@@ -80,6 +87,10 @@ impl<L: Link> Link for std::sync::Arc<L> {
 
     fn pool(&self) -> Option<BufferPool> {
         (**self).pool()
+    }
+
+    fn try_take(&self) -> Option<Self::Frame> {
+        (**self).try_take()
     }
 }
 
@@ -141,6 +152,10 @@ macro_rules! endpoint_link {
 
             fn pool(&self) -> Option<$crate::__core::BufferPool> {
                 Some(self.worker().pool().clone())
+            }
+
+            fn try_take(&self) -> Option<$crate::__core::Message> {
+                Self::try_take(self)
             }
         }
     };
@@ -205,6 +220,16 @@ impl<L: Link> Conn<L> {
     /// The link's; a payload that does not come ends the link (`Disconnected`).
     pub(crate) fn recv(&self, timeout: Duration) -> Result<Incoming<L::Frame>> {
         let frame = self.link.recv_timeout(timeout)?;
+        self.with_payload(frame)
+    }
+
+    /// The next frame already received (`Link::try_take`), with its payload (which it
+    /// waits for, if announced).
+    pub(crate) fn try_take(&self) -> Option<Result<Incoming<L::Frame>>> {
+        self.link.try_take().map(|f| self.with_payload(f))
+    }
+
+    fn with_payload(&self, frame: L::Frame) -> Result<Incoming<L::Frame>> {
         let header = Header::parse(&frame).map(|(h, _)| h);
         let payload = match &header {
             Ok(h) if h.attached => match self.link.recv_timeout(PAYLOAD_WAIT) {
@@ -283,6 +308,10 @@ pub mod mem {
 
         fn start_close(&self) {
             self.tx.lock().take();
+        }
+
+        fn try_take(&self) -> Option<Vec<u8>> {
+            self.rx.try_recv().ok()
         }
     }
 }

@@ -358,10 +358,11 @@ impl Server {
     }
 
     /// Serves every link of `set` on `threads` reader threads, all taking messages from
-    /// `recv`, which gives the next message of any link with the link's id (for rdmx
-    /// endpoints: `move |t| ctx.recv_timeout(t).map(|m| (m.endpoint(), m))`). Links come and
-    /// go in the set while it is served; a message of a link not in it is dropped and
-    /// counted. With `threads` handler threads 0, handlers run on these reader threads.
+    /// `recv` (a [`SetRecv`]: an `rdmx::Context`, or a closure that gives the next message
+    /// of any link with the link's id, such as
+    /// `move |t| ctx.recv_timeout(t).map(|m| (m.endpoint(), m))`). Links come and go in the
+    /// set while it is served; a message of a link not in it is dropped and counted. With
+    /// `threads` handler threads 0, handlers run on these reader threads.
     ///
     /// # Errors
     /// The OS's, when a thread cannot be started.
@@ -373,7 +374,7 @@ impl Server {
     ) -> std::io::Result<Vec<JoinHandle<()>>>
     where
         L: Link,
-        R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)> + Send + Sync + 'static,
+        R: SetRecv<L::Frame>,
     {
         // (One thread at a time receives and pairs a frame with its payload: the payload is
         // the next message of its link, wherever it comes in the shared receive.)
@@ -519,6 +520,33 @@ impl<L: Link> LinkSet<L> {
     }
 }
 
+/// Where the messages of a [`LinkSet`] come from: one receive for all its links, each
+/// message with its link's id.
+pub trait SetRecv<F>: Send + Sync + 'static {
+    /// The next message of any link, waiting up to `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout` (or `WouldBlock`) when none came; other errors are logged and the readers
+    /// go on (an endpoint's end may come this way).
+    fn recv_timeout(&self, timeout: Duration) -> rdmx_core::Result<(u64, F)>;
+
+    /// The next message already received, without polling for more (`None`: none is
+    /// queued; the default has no such queue, and polls with a zero timeout instead).
+    fn try_take(&self) -> Option<(u64, F)> {
+        self.recv_timeout(Duration::ZERO).ok()
+    }
+}
+
+/// A closure that receives: `|timeout| -> Result<(link id, frame)>`.
+impl<F, R> SetRecv<F> for R
+where
+    R: Fn(Duration) -> rdmx_core::Result<(u64, F)> + Send + Sync + 'static,
+{
+    fn recv_timeout(&self, timeout: Duration) -> rdmx_core::Result<(u64, F)> {
+        self(timeout)
+    }
+}
+
 /// Messages a reader of a [`LinkSet`] takes in one turn when more are waiting (handled
 /// after its turn, their responses in one send batch).
 const SET_DRAIN: usize = 64;
@@ -527,20 +555,26 @@ const SET_DRAIN: usize = 64;
 type Taken<L> = (Arc<SetEntry<L>>, Incoming<<L as Link>::Frame>);
 
 /// One reader thread of [`Server::serve_set`]: in its turn at the shared receive, it takes
-/// a message (waiting) and whatever else is there, paired with their payloads; then it
-/// handles them, their responses in one send batch.
+/// a message (waiting) and whatever else has already come (not polling for more: when
+/// nothing has, the answers go at once), paired with their payloads; then it handles them,
+/// their responses in one send batch.
 fn serve_set_thread<L, R>(sh: &Arc<Shared>, jobs: &Sender<Job>, set: &LinkSet<L>, recv: &Mutex<R>)
 where
     L: Link,
-    R: Fn(Duration) -> rdmx_core::Result<(u64, L::Frame)>,
+    R: SetRecv<L::Frame>,
 {
     let mut got: Vec<Taken<L>> = Vec::new();
     while !sh.stop.load(Ordering::Acquire) {
         {
             let turn = recv.lock();
-            let mut wait = Duration::from_millis(100);
+            let mut first = true;
             while got.len() < SET_DRAIN {
-                let (id, m) = match (*turn)(wait) {
+                let next = if first {
+                    turn.recv_timeout(Duration::from_millis(100))
+                } else {
+                    turn.try_take().ok_or(rdmx_core::Error::WouldBlock)
+                };
+                let (id, m) = match next {
                     Ok(x) => x,
                     Err(rdmx_core::Error::Timeout(_) | rdmx_core::Error::WouldBlock) => break,
                     Err(e) => {
@@ -554,7 +588,7 @@ where
                         break;
                     }
                 };
-                wait = Duration::ZERO;
+                first = false;
                 let Some(entry) = set.wait_for(id) else {
                     sh.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -663,7 +697,13 @@ fn read_link<L: Link>(sh: &Arc<Shared>, jobs: &Sender<Job>, link: Arc<Conn<L>>) 
             }
             taken += 1;
             if taken < INLINE_DRAIN {
-                next = link.recv(Duration::ZERO).ok();
+                // What has already come, not a poll for more: when nothing has, the
+                // answers go now (the batch ends) and the next receive polls.
+                next = match link.try_take() {
+                    Some(Ok(m)) => Some(m),
+                    Some(Err(_)) => break 'link,
+                    None => None,
+                };
             }
         }
     }

@@ -276,6 +276,16 @@ impl Endpoint {
         )
     }
 
+    /// The next message already received, without making progress (no look at the device):
+    /// for a loop that answers what came in and sends its answers before it looks again
+    /// (a receive, even one that may not wait, polls the device first). `None` when no
+    /// message is queued, and when the endpoint is down (a receive then says why).
+    pub fn try_take(&self) -> Option<Message> {
+        self.rc
+            .with(|sh, st, cx| self.take_message(sh, st, cx))
+            .and_then(Result::ok)
+    }
+
     /// The next message if one is there now.
     ///
     /// # Errors

@@ -717,3 +717,28 @@ fn answers_sent_while_draining_inside_a_batch_share_frames() {
     }
     echo.join().expect("echo thread");
 }
+
+#[test]
+fn try_take_gives_what_has_come_without_polling() {
+    // Three messages in one packed frame: the receive that takes the first has them all,
+    // and `try_take` hands over the other two without a look at the device; then nothing
+    // (it does not poll), while a receive still finds what comes later.
+    let (c, cep, s, sep) = pair();
+    let t = Duration::from_secs(10);
+    {
+        let _b = c.batch();
+        for i in 0..3u32 {
+            cep.send(&i.to_le_bytes()).expect("send");
+        }
+    }
+    assert_eq!(sep.recv_timeout(t).expect("first")[..], 0u32.to_le_bytes());
+    assert_eq!(sep.try_take().expect("second")[..], 1u32.to_le_bytes());
+    assert_eq!(
+        s.try_take().expect("third, from the context")[..],
+        2u32.to_le_bytes()
+    );
+    assert!(sep.try_take().is_none());
+    assert!(s.try_take().is_none());
+    cep.send(b"later").expect("send");
+    assert_eq!(&sep.recv_timeout(t).expect("later")[..], b"later");
+}

@@ -153,6 +153,16 @@ impl Endpoint {
         })
     }
 
+    /// The next message already received, without making progress (no look at the device):
+    /// for a loop that answers what came in and sends its answers before it looks again
+    /// (a receive, even one that may not wait, polls the device first). `None` when no
+    /// message is queued, and when the endpoint is down (a receive then says why).
+    pub fn try_take(&self) -> Option<Message> {
+        self.u
+            .with(|sh, st, cx| sh.take_message(st, cx, self.key))
+            .and_then(Result::ok)
+    }
+
     /// The next message if one is there now.
     ///
     /// # Errors

@@ -44,6 +44,14 @@ impl Worker {
         })
     }
 
+    /// The next message of any endpoint already received, without making progress (no look
+    /// at the device): for a loop that answers what came in and sends its answers before it
+    /// looks again. `None` when none is queued.
+    pub fn try_take(&self) -> Option<Message> {
+        let mut ws = self.lock();
+        self.take_any(&mut ws)
+    }
+
     /// The next message of any endpoint if one is there now (after one round of
     /// progress).
     ///

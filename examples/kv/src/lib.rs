@@ -149,12 +149,7 @@ impl KvServer {
         let s = server.clone();
         if opts.readers > 0 {
             let set = rdmx::rpc::LinkSet::new();
-            let rctx = ctx.clone();
-            s.serve_set(
-                Arc::clone(&set),
-                move |t| rctx.recv_timeout(t).map(|m| (m.endpoint(), m)),
-                opts.readers,
-            )?;
+            s.serve_set(Arc::clone(&set), ctx.clone(), opts.readers)?;
             std::thread::Builder::new()
                 .name("rdmx-kv-accept".into())
                 .spawn(move || {
