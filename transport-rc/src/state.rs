@@ -84,7 +84,9 @@ pub struct Stats {
     pub recall_signals: u64,
     /// Small messages sent packed into a shared frame (inside send batches).
     pub sent_packed: u64,
-    /// Packed frames sent (each one SEND, one receive buffer and one credit at the peer).
+    /// Packed frames sent (each one SEND, one receive buffer and one credit at the peer). A
+    /// frame that holds a single message leaves as that message, inline, and is not
+    /// counted here.
     pub packed_frames: u64,
     /// Rendezvous reads reported as signals (the sender had asked, its rendezvous window
     /// being full), which wake the sender at once.

@@ -739,6 +739,14 @@ fn try_take_gives_what_has_come_without_polling() {
     );
     assert!(sep.try_take().is_none());
     assert!(s.try_take().is_none());
-    cep.send(b"later").expect("send");
+    // A batch that sent one message: it leaves as that message, not as a packed frame.
+    let before = c.stats();
+    {
+        let _b = c.batch();
+        cep.send(b"later").expect("send");
+    }
+    let after = c.stats();
+    assert_eq!(after.sent_packed - before.sent_packed, 1, "{after:?}");
+    assert_eq!(after.packed_frames, before.packed_frames, "{after:?}");
     assert_eq!(&sep.recv_timeout(t).expect("later")[..], b"later");
 }

@@ -181,8 +181,16 @@ impl Shared {
 
     /// Sends `data` inline: copied into the work request, no buffer held.
     fn send_inline(&self, st: &mut State, k: usize, data: &[u8], clock: &Clock) -> Result<()> {
-        let len = data.len();
         let ep = &mut st.eps[k];
+        spend_credit(ep, clock);
+        Self::post_inline(ep, data)?;
+        st.stats.sent_inline += 1;
+        Ok(())
+    }
+
+    /// Posts `data` as one inline message on `ep` (its credit already taken).
+    fn post_inline(ep: &mut Ep, data: &[u8]) -> Result<()> {
+        let len = data.len();
         let hdr = Self::next_header(ep, Kind::Data, len);
         // A small frame on the stack (the default inline limit fits): clearing a 4 KiB
         // array on every send cost more than the rest of this path.
@@ -196,7 +204,6 @@ impl Shared {
         };
         hdr.write(frame);
         frame[HEADER_LEN..].copy_from_slice(data);
-        spend_credit(ep, clock);
         post_on(
             ep,
             WrOpcode::Send,
@@ -204,7 +211,6 @@ impl Shared {
             Hold::None,
             false,
         )?;
-        st.stats.sent_inline += 1;
         tracing::trace!(
             endpoint = ep.id,
             len,
@@ -419,6 +425,16 @@ impl Shared {
             // (Its flush timer is cleared: the progress that frees the send slot sends it.)
             ep.pack = Some(b);
             return Ok(false);
+        }
+        // A frame that holds one message (a batch that sent one: a server's answer to a
+        // lone call) leaves as that message, inline, on the credit the frame took: cheaper
+        // than a frame from a pool buffer, the same bytes at the peer.
+        let payload = b.get(HEADER_LEN..).unwrap_or_default();
+        if let Some(r) = PackedEntries::entry_at(payload, 0)
+            && r.end == payload.len()
+        {
+            st.packs.retain(|&x| x != k);
+            return Self::post_inline(&mut st.eps[k], &payload[r]).map(|()| true);
         }
         let hdr = Header {
             kind: Kind::Packed,
