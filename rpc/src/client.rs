@@ -13,20 +13,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use rdmx_core::Buf;
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode_framed};
 use crate::link::{Conn, Link};
 use crate::method::Method;
 use crate::payload::{Attach, Payload};
 use crate::server::{Limits, alloc_from};
 use crate::status::Status;
-use crate::wire::{HEADER_LEN, Header, Kind, frame};
+use crate::wire::{HEADER_LEN, Header, Kind, frame, seal};
 
 /// How a client behaves.
 #[derive(Debug, Clone)]
@@ -49,11 +48,43 @@ impl Default for ClientConfig {
 /// What a response is, for the call that waits for it: its frame and its payload.
 type Reply<F> = Result<(F, Option<Payload>), Status>;
 
-/// What a blocking caller's channel carries: its reply, or a nudge to take the reading
-/// over (the caller that read for everybody got its own response and left).
-enum Note<F> {
-    Reply(Reply<F>),
-    Lead,
+/// Where a blocking caller's reply is left, and where it is nudged to take the reading
+/// over (the caller that read for everybody got its own response and left). One small
+/// allocation per call (a channel cost a block of slots).
+struct Mailbox<F> {
+    slot: Mutex<Slot<F>>,
+    cv: Condvar,
+}
+
+struct Slot<F> {
+    reply: Option<Reply<F>>,
+    lead: bool,
+}
+
+impl<F> Mailbox<F> {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            slot: Mutex::new(Slot {
+                reply: None,
+                lead: false,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    fn take_reply(&self) -> Option<Reply<F>> {
+        self.slot.lock().reply.take()
+    }
+
+    /// Waits up to `t` for the reply or a nudge; the reply if it came.
+    fn wait(&self, t: Duration) -> Option<Reply<F>> {
+        let mut s = self.slot.lock();
+        if s.reply.is_none() && !s.lead {
+            self.cv.wait_for(&mut s, t);
+        }
+        s.lead = false;
+        s.reply.take()
+    }
 }
 
 /// How long a caller that reads for everybody waits for a frame before it looks at its
@@ -65,7 +96,7 @@ const FOLLOW_SLICE: Duration = Duration::from_millis(1);
 
 /// Where a call's response goes.
 enum Waiter<F> {
-    Blocking(Sender<Note<F>>),
+    Blocking(Arc<Mailbox<F>>),
     #[cfg(feature = "tokio")]
     Async(tokio::sync::oneshot::Sender<Reply<F>>),
 }
@@ -74,10 +105,9 @@ impl<F> Waiter<F> {
     /// Asks a blocking caller to take the reading over (`false`: not a blocking caller).
     fn nudge(&self) -> bool {
         match self {
-            Self::Blocking(tx) => {
-                if tx.is_empty() {
-                    let _ = tx.send(Note::Lead);
-                }
+            Self::Blocking(mb) => {
+                mb.slot.lock().lead = true;
+                mb.cv.notify_one();
                 true
             }
             #[cfg(feature = "tokio")]
@@ -87,8 +117,9 @@ impl<F> Waiter<F> {
 
     fn give(self, r: Reply<F>) {
         match self {
-            Self::Blocking(tx) => {
-                let _ = tx.send(Note::Reply(r));
+            Self::Blocking(mb) => {
+                mb.slot.lock().reply = Some(r);
+                mb.cv.notify_one();
             }
             #[cfg(feature = "tokio")]
             Self::Async(tx) => {
@@ -270,13 +301,12 @@ impl<L: Link> Client<L> {
         payload: Option<Attach>,
         timeout: Duration,
     ) -> Result<PendingCall<L, Resp>, Status> {
-        // (Unbounded: a reply never waits behind nudges.)
-        let (tx, rx) = unbounded();
-        let waiter = Waiter::Blocking(tx);
+        let mailbox = Mailbox::new();
+        let waiter = Waiter::Blocking(Arc::clone(&mailbox));
         let id = self.send_request(m.id(), m.name(), req, payload, timeout, waiter)?;
         Ok(PendingCall {
             sh: Arc::clone(&self.sh),
-            rx,
+            mailbox,
             id,
             method: m.id(),
             timeout,
@@ -393,12 +423,12 @@ impl<L: Link> Client<L> {
         waiter: Waiter<L::Frame>,
     ) -> Result<u64, Status> {
         let max = self.sh.cfg.limits.max_request;
-        let body = encode(req, max).map_err(|e| {
+        let mut f = encode_framed(req, max).map_err(|e| {
             Status::resource_exhausted(format!(
                 "the request to {name} does not encode within {max} bytes: {e}"
             ))
         })?;
-        let size = body.len() + payload.as_ref().map_or(0, |p| p.len());
+        let size = f.len() - HEADER_LEN + payload.as_ref().map_or(0, |p| p.len());
         if size > max {
             return Err(Status::resource_exhausted(format!(
                 "a request of {size} bytes to {name}; the client sends at most {max}"
@@ -411,7 +441,7 @@ impl<L: Link> Client<L> {
         let budget_us = u32::try_from(timeout.as_micros())
             .unwrap_or(u32::MAX)
             .max(1);
-        let f = frame(
+        seal(
             Header {
                 kind: Kind::Request,
                 status: None,
@@ -421,7 +451,7 @@ impl<L: Link> Client<L> {
                 len: 0,
                 attached: payload.is_some(),
             },
-            &body,
+            &mut f,
         );
         self.sh.pending.lock().insert(id, waiter);
         if let Err(e) = self.sh.link.send(&f, payload, timeout) {
@@ -494,7 +524,7 @@ impl<L: Link> Drop for CancelGuard<L> {
 /// A call under way ([`Client::start`]).
 pub struct PendingCall<L: Link, Resp> {
     sh: Arc<Shared<L>>,
-    rx: Receiver<Note<L::Frame>>,
+    mailbox: Arc<Mailbox<L::Frame>>,
     id: u64,
     method: u32,
     timeout: Duration,
@@ -532,7 +562,7 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
     pub fn wait_with(mut self) -> Result<(Resp, Option<Payload>), Status> {
         let deadline = Instant::now() + self.timeout;
         let r = loop {
-            if let Ok(Note::Reply(r)) = self.rx.try_recv() {
+            if let Some(r) = self.mailbox.take_reply() {
                 break r;
             }
             let now = Instant::now();
@@ -550,19 +580,15 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
                     drop(token);
                     break Err(s);
                 }
-                if let Ok(Note::Reply(r)) = self.rx.try_recv() {
+                if let Some(r) = self.mailbox.take_reply() {
                     drop(token);
                     nudge_one(&self.sh);
                     break r;
                 }
                 continue;
             }
-            match self.rx.recv_timeout(left.min(FOLLOW_SLICE)) {
-                Ok(Note::Reply(r)) => break r,
-                Ok(Note::Lead) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    break Err(Status::unavailable("the client's link ended"));
-                }
+            if let Some(r) = self.mailbox.wait(left.min(FOLLOW_SLICE)) {
+                break r;
             }
         };
         self.done = true;
@@ -579,10 +605,7 @@ impl<L: Link, Resp: DeserializeOwned> PendingCall<L, Resp> {
         if let Some(_token) = self.sh.read_token.try_lock() {
             let _ = read_one(&self.sh, Duration::ZERO);
         }
-        let r = match self.rx.try_recv().ok()? {
-            Note::Reply(r) => r,
-            Note::Lead => return None,
-        };
+        let r = self.mailbox.take_reply()?;
         self.done = true;
         Some(r.and_then(|(f, _)| decode_response(&f, self.sh.cfg.limits.max_response)))
     }

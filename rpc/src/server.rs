@@ -23,12 +23,12 @@ use thiserror::Error;
 
 use rdmx_core::{Buf, BufferPool};
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode_framed};
 use crate::link::{Conn, Incoming, Link};
 use crate::method::Method;
 use crate::payload::{Attach, Payload};
 use crate::status::Status;
-use crate::wire::{HEADER_LEN, Header, Kind, frame};
+use crate::wire::{HEADER_LEN, Header, Kind, frame, seal};
 
 /// What a handler knows of its call, and where it finds the call's payload and leaves its
 /// response's.
@@ -95,7 +95,8 @@ pub(crate) fn alloc_from(pool: Option<&BufferPool>, len: usize) -> Result<Buf, S
         .map_err(|e| Status::resource_exhausted(format!("no pool buffer of {len} bytes now: {e}")))
 }
 
-/// A type-erased handler: request bytes in, response bytes out.
+/// A type-erased handler: request bytes in, the response out (encoded after room for its
+/// frame's header: see `encode_framed`).
 type Handler = dyn Fn(&CallContext, &[u8], &Limits) -> Result<Vec<u8>, Status> + Send + Sync;
 
 /// The handlers of a service, by method id.
@@ -171,7 +172,7 @@ impl ServiceBuilder {
                 Status::invalid_argument(format!("the request of {name} does not decode: {e}"))
             })?;
             let resp = handler(cx, req)?;
-            encode(&resp, lim.max_response).map_err(|e| {
+            encode_framed(&resp, lim.max_response).map_err(|e| {
                 Status::resource_exhausted(format!(
                     "the response of {name} does not encode within {} bytes: {e}",
                     lim.max_response
@@ -637,32 +638,34 @@ impl<L: Link> SetEntry<L> {
     }
 }
 
-/// A handler's outcome: the response's body and payload, or a failure.
+/// A handler's outcome: the response (a frame with room for its header) and its payload,
+/// or a failure.
 type Outcome = Result<(Vec<u8>, Option<Attach>), Status>;
 
 fn reply<L: Link>(sh: &Shared, conn: &Conn<L>, id: u64, method: u32, r: Outcome) {
-    let (status, body, payload) = match r {
-        Ok((b, p)) => {
+    let header = |status, attached| Header {
+        kind: Kind::Response,
+        status,
+        method,
+        id,
+        budget_us: 0,
+        len: 0,
+        attached,
+    };
+    let (f, payload) = match r {
+        Ok((mut f, p)) => {
             sh.counters.ok.fetch_add(1, Ordering::Relaxed);
-            (None, b, p)
+            seal(header(None, p.is_some()), &mut f);
+            (f, p)
         }
         Err(s) => {
             sh.counters.failed.fetch_add(1, Ordering::Relaxed);
-            (Some(s.code), s.message.into_bytes(), None)
+            (
+                frame(header(Some(s.code), false), s.message.as_bytes()),
+                None,
+            )
         }
     };
-    let f = frame(
-        Header {
-            kind: Kind::Response,
-            status,
-            method,
-            id,
-            budget_us: 0,
-            len: 0,
-            attached: payload.is_some(),
-        },
-        &body,
-    );
     if let Err(e) = conn.send(&f, payload, sh.cfg.send_timeout) {
         tracing::debug!("an RPC response could not be sent: {e}");
     }
@@ -845,7 +848,7 @@ fn run_call<L: Link>(
     let r = match catch_unwind(AssertUnwindSafe(|| handler(&cx, body, &lim))) {
         Ok(Ok(b)) => {
             let p = cx.attach.lock().take();
-            let size = b.len() + p.as_ref().map_or(0, |p| p.len());
+            let size = b.len().saturating_sub(HEADER_LEN) + p.as_ref().map_or(0, |p| p.len());
             if size > lim.max_response {
                 Err(Status::resource_exhausted(format!(
                     "the response of {name} has {size} bytes; the server sends at most {}",

@@ -162,6 +162,16 @@ pub fn frame(mut header: Header, body: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Writes `header` (its `len` set from what follows) over the first [`HEADER_LEN`] bytes of
+/// `framed`, a frame built with room for it (at least that long).
+pub fn seal(mut header: Header, framed: &mut [u8]) {
+    let body = framed.len().saturating_sub(HEADER_LEN);
+    header.len = u32::try_from(body).unwrap_or(u32::MAX);
+    if let Some(h) = framed.get_mut(..HEADER_LEN) {
+        header.write(h);
+    }
+}
+
 /// The id of a method named `name` (FNV-1a, 32 bits).
 pub const fn method_id(name: &str) -> u32 {
     let b = name.as_bytes();
