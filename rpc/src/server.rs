@@ -36,7 +36,9 @@ use crate::wire::{HEADER_LEN, Header, Kind, frame, seal};
 pub struct CallContext {
     method: &'static str,
     deadline: Option<Instant>,
-    cancelled: Arc<AtomicBool>,
+    /// (`None`: nothing can cancel it but its deadline: a handler inline on its link's
+    /// reader, which reads nothing else meanwhile.)
+    cancelled: Option<Arc<AtomicBool>>,
     payload: Mutex<Option<Payload>>,
     attach: Mutex<Option<Attach>>,
     pool: Option<BufferPool>,
@@ -56,7 +58,10 @@ impl CallContext {
     /// Whether the caller stopped waiting: it cancelled, its deadline passed, or its link
     /// went away. A long handler looks now and then and gives up.
     pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Relaxed) || self.deadline.is_some_and(|d| Instant::now() > d)
+        self.cancelled
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+            || self.deadline.is_some_and(|d| Instant::now() > d)
     }
 
     /// Takes the payload the caller sent beside the request (`Client::call_with`), if any:
@@ -755,7 +760,7 @@ fn take_frame<L: Link>(
     }
     sh.counters.requests.fetch_add(1, Ordering::Relaxed);
     let arrived = Instant::now();
-    let Some((name, handler)) = sh.service.handlers.get(&h.method).cloned() else {
+    let Some((name, handler)) = sh.service.handlers.get(&h.method) else {
         let r = Err(Status::unimplemented(format!(
             "no method {:#010x} here",
             h.method
@@ -776,19 +781,28 @@ fn take_frame<L: Link>(
     }
     let deadline =
         (h.budget_us > 0).then(|| arrived + Duration::from_micros(u64::from(h.budget_us)));
-    let flag = Arc::new(AtomicBool::new(false));
     if sh.cfg.threads == 0 {
         // Inline: on this reader thread (nothing can cancel it meanwhile: the reader is
         // busy here).
-        run_call(sh, link, &h, &m, payload, name, &*handler, deadline, &flag);
+        run_call(sh, link, &h, &m, payload, name, &**handler, deadline, None);
         return true;
     }
+    let flag = Arc::new(AtomicBool::new(false));
     in_flight.lock().insert(h.id, Arc::clone(&flag));
     let job = {
         let (sh, link, in_flight) = (Arc::clone(sh), Arc::clone(link), Arc::clone(in_flight));
+        let (name, handler) = (*name, Arc::clone(handler));
         move || {
             run_call(
-                &sh, &link, &h, &m, payload, name, &*handler, deadline, &flag,
+                &sh,
+                &link,
+                &h,
+                &m,
+                payload,
+                name,
+                &*handler,
+                deadline,
+                Some(&flag),
             );
             in_flight.lock().remove(&h.id);
         }
@@ -821,9 +835,10 @@ fn run_call<L: Link>(
     name: &'static str,
     handler: &Handler,
     deadline: Option<Instant>,
-    flag: &Arc<AtomicBool>,
+    flag: Option<&Arc<AtomicBool>>,
 ) {
-    if flag.load(Ordering::Relaxed) {
+    let cancelled = || flag.is_some_and(|f| f.load(Ordering::Relaxed));
+    if cancelled() {
         sh.counters.cancelled.fetch_add(1, Ordering::Relaxed);
         return;
     }
@@ -839,7 +854,7 @@ fn run_call<L: Link>(
     let cx = CallContext {
         method: name,
         deadline,
-        cancelled: Arc::clone(flag),
+        cancelled: flag.map(Arc::clone),
         payload: Mutex::new(payload),
         attach: Mutex::new(None),
         pool: link.link.pool(),
@@ -871,7 +886,7 @@ fn run_call<L: Link>(
             )))
         }
     };
-    if flag.load(Ordering::Relaxed) {
+    if cancelled() {
         // Cancelled while it ran: nobody waits for the answer.
         sh.counters.cancelled.fetch_add(1, Ordering::Relaxed);
         return;
