@@ -208,6 +208,9 @@ pub struct CoreState {
     watcher_asleep: bool,
     /// While the background thread sleeps: until when (see [`Cx::schedule`]).
     bg_until: Option<Instant>,
+    /// Waits satisfied by what was already there, without a progress round, since the
+    /// last round (see `wait_until`): bounded, so that the device is still looked at.
+    pub(crate) unpolled_takes: u32,
 }
 
 /// All mutable state of a worker: its own, and its transports'.
@@ -589,6 +592,7 @@ impl Worker {
     /// One progress round: every transport polls its completion queues. Returns the
     /// number of completions handled.
     pub fn progress_locked(&self, st: &mut WorkerState) -> usize {
+        st.core.unpolled_takes = 0;
         let mut n = 0;
         st.each(self, |t, cx| n += t.progress(cx));
         n

@@ -68,6 +68,10 @@ impl Wait {
     };
 }
 
+/// Waits in a row that may be served by what was already there, without a progress round
+/// (see [`wait_until`]).
+const TAKES_BEFORE_POLL: u32 = 32;
+
 /// Waits until `f` returns `Some`, driving progress: polls for the busy-poll time, then
 /// sleeps (the background thread, or any thread that makes progress, wakes it).
 /// `timeout = None` waits forever; the timeout counts from the first look that fails.
@@ -114,6 +118,19 @@ pub fn wait_until<T>(
     // (see `SpinSlot`); without one it sleeps at once.
     let mut slot = SpinSlot::none(sh);
     let mut lead = Leader::default();
+    {
+        // What is already there (the rest of a packed frame, the answers of a burst) is
+        // taken without a progress round first: a round is a look at the device (a system
+        // call on the soft provider) that finds nothing while a burst is being taken. At
+        // most `TAKES_BEFORE_POLL` waits in a row are served so.
+        let mut st = sh.state.lock();
+        if st.core.unpolled_takes < TAKES_BEFORE_POLL
+            && let Some(r) = f(&mut st)
+        {
+            st.core.unpolled_takes += 1;
+            return r;
+        }
+    }
     loop {
         {
             let mut st = sh.state.lock();

@@ -116,10 +116,53 @@ pub struct BenchReport {
     pub errors: u64,
 }
 
+/// Latencies of one operation type: every operation counted, a bounded sample of their
+/// latencies kept (when full, every other one is dropped and later ones are taken at
+/// twice the stride: a uniform sample over the whole run).
+#[derive(Debug)]
+struct Samples {
+    ops: u64,
+    stride: u64,
+    v: Vec<u64>,
+}
+
+impl Default for Samples {
+    fn default() -> Self {
+        Self {
+            ops: 0,
+            stride: 1,
+            v: Vec::new(),
+        }
+    }
+}
+
+impl Samples {
+    fn push(&mut self, ns: u64) {
+        self.ops += 1;
+        if !self.ops.is_multiple_of(self.stride) {
+            return;
+        }
+        self.v.push(ns);
+        if self.v.len() >= MAX_SAMPLES {
+            let mut i = 0;
+            self.v.retain(|_| {
+                i += 1;
+                i % 2 == 0
+            });
+            self.stride *= 2;
+        }
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.ops += other.ops;
+        self.v.extend(other.v);
+    }
+}
+
 #[derive(Debug, Default)]
 struct ClientResult {
-    gets: Vec<u64>,
-    puts: Vec<u64>,
+    gets: Samples,
+    puts: Samples,
     reads: ReadStats,
     bad: u64,
     missing: u64,
@@ -131,8 +174,8 @@ enum Pending {
     Put(Instant, PendingCall<Arc<rdmx::Endpoint>, ()>),
 }
 
-/// Keeps latency samples bounded.
-const MAX_SAMPLES: usize = 1 << 20;
+/// Latency samples kept per client and operation type at most (see `Samples`).
+const MAX_SAMPLES: usize = 1 << 18;
 
 fn check_get(r: &mut ClientResult, v: Option<Vec<u8>>, k: u64) {
     match v {
@@ -157,17 +200,13 @@ fn finish(r: &mut ClientResult, p: Pending) {
                 Ok(None) => r.missing += 1,
                 Err(_) => r.errors += 1,
             }
-            if r.gets.len() < MAX_SAMPLES {
-                r.gets.push(t0.elapsed().as_nanos() as u64);
-            }
+            r.gets.push(t0.elapsed().as_nanos() as u64);
         }
         Pending::Put(t0, c) => {
             if c.wait().is_err() {
                 r.errors += 1;
             }
-            if r.puts.len() < MAX_SAMPLES {
-                r.puts.push(t0.elapsed().as_nanos() as u64);
-            }
+            r.puts.push(t0.elapsed().as_nanos() as u64);
         }
     }
 }
@@ -204,9 +243,7 @@ fn run_client(
                         Ok(v) => check_get(&mut r, v, k),
                         Err(_) => r.errors += 1,
                     }
-                    if r.gets.len() < MAX_SAMPLES {
-                        r.gets.push(t0.elapsed().as_nanos() as u64);
-                    }
+                    r.gets.push(t0.elapsed().as_nanos() as u64);
                     continue;
                 }
                 let t0 = Instant::now();
@@ -239,7 +276,8 @@ fn run_client(
     r
 }
 
-fn stats(mut v: Vec<u64>, secs: f64) -> OpStats {
+fn stats(s: Samples, secs: f64) -> OpStats {
+    let Samples { ops, mut v, .. } = s;
     if v.is_empty() {
         return OpStats::default();
     }
@@ -249,8 +287,8 @@ fn stats(mut v: Vec<u64>, secs: f64) -> OpStats {
         v[rank.clamp(1, v.len()) - 1] as f64 / 1000.0
     };
     OpStats {
-        ops: v.len() as u64,
-        ops_per_s: v.len() as f64 / secs,
+        ops,
+        ops_per_s: ops as f64 / secs,
         p50_us: pct(50.0),
         p99_us: pct(99.0),
         p999_us: pct(99.9),
@@ -339,8 +377,8 @@ pub fn run(addr: SocketAddr, o: &BenchOptions, progress: bool) -> Result<BenchRe
     }
     let mut all = ClientResult::default();
     for r in results {
-        all.gets.extend(r.gets);
-        all.puts.extend(r.puts);
+        all.gets.merge(r.gets);
+        all.puts.merge(r.puts);
         all.reads.retries += r.reads.retries;
         all.reads.fallbacks += r.reads.fallbacks;
         all.bad += r.bad;
@@ -402,5 +440,34 @@ impl BenchReport {
             self.missing,
             self.errors
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_count_every_operation_and_stay_bounded() {
+        let mut s = Samples::default();
+        let n = (MAX_SAMPLES as u64) * 5 + 17;
+        for i in 0..n {
+            s.push(i);
+        }
+        assert_eq!(s.ops, n);
+        assert!(
+            s.v.len() < MAX_SAMPLES && s.v.len() > MAX_SAMPLES / 4,
+            "{}",
+            s.v.len()
+        );
+        // A uniform sample: its median is near the middle of the run.
+        let st = stats(s, 1.0);
+        assert_eq!(st.ops, n);
+        let mid = n as f64 / 2.0 / 1000.0;
+        assert!(
+            (st.p50_us - mid).abs() < mid * 0.05,
+            "{} vs {mid}",
+            st.p50_us
+        );
     }
 }
