@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmx_core::{Buf, DisconnectCause, Error, Message, Result};
-use rdmx_rc::RemoteRegion;
+use rdmx_rc::{PendingOp, RemoteRegion};
 use rdmx_verbs::SharedBytes;
 
 /// An endpoint: messages to and from one peer (see the module docs).
@@ -302,6 +302,129 @@ impl Endpoint {
             Inner::Rc(e) => e.fetch_add(remote, offset, add),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
+    }
+
+    /// The RC endpoint underneath, or `Unsupported` on UD.
+    fn rc_only(&self) -> Result<&rdmx_rc::Endpoint> {
+        match &self.0 {
+            Inner::Rc(e) => Ok(e),
+            Inner::Ud(_) => Err(one_sided_on_ud()),
+        }
+    }
+
+    /// [`write`](Self::write), waiting at most `timeout` (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::write_timeout`].
+    pub fn write_timeout(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.rc_only()?.write_timeout(remote, offset, data, timeout)
+    }
+
+    /// [`read`](Self::read), waiting at most `timeout` (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::read_timeout`].
+    pub fn read_timeout(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Buf> {
+        self.rc_only()?.read_timeout(remote, offset, len, timeout)
+    }
+
+    /// [`compare_swap`](Self::compare_swap), waiting at most `timeout` (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::compare_swap_timeout`].
+    pub fn compare_swap_timeout(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+        timeout: Duration,
+    ) -> Result<u64> {
+        self.rc_only()?
+            .compare_swap_timeout(remote, offset, compare, swap, timeout)
+    }
+
+    /// [`fetch_add`](Self::fetch_add), waiting at most `timeout` (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::fetch_add_timeout`].
+    pub fn fetch_add_timeout(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        add: u64,
+        timeout: Duration,
+    ) -> Result<u64> {
+        self.rc_only()?
+            .fetch_add_timeout(remote, offset, add, timeout)
+    }
+
+    /// Starts a write and returns at once (RC/XRC only): a [`PendingOp`] to wait for,
+    /// blocking, bounded or async.
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::start_write`].
+    pub fn start_write(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<PendingOp<'_, ()>> {
+        self.rc_only()?.start_write(remote, offset, data)
+    }
+
+    /// Starts a read and returns at once (RC/XRC only): many reads in flight from one
+    /// thread.
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::start_read`].
+    pub fn start_read(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        len: usize,
+    ) -> Result<PendingOp<'_, Buf>> {
+        self.rc_only()?.start_read(remote, offset, len)
+    }
+
+    /// Starts a compare-and-swap and returns at once (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::start_compare_swap`].
+    pub fn start_compare_swap(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<PendingOp<'_, u64>> {
+        self.rc_only()?
+            .start_compare_swap(remote, offset, compare, swap)
+    }
+
+    /// Starts a fetch-and-add and returns at once (RC/XRC only).
+    ///
+    /// # Errors
+    /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::start_fetch_add`].
+    pub fn start_fetch_add(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        add: u64,
+    ) -> Result<PendingOp<'_, u64>> {
+        self.rc_only()?.start_fetch_add(remote, offset, add)
     }
 
     /// Waits for the next message without blocking the thread.

@@ -39,7 +39,8 @@ mod endpoint;
 pub use context::{Context, ContextBuilder, Listener};
 pub use endpoint::Endpoint;
 pub use rdmx_rc::{
-    Batch, IntoBufError, LocalRegion, Message, Node, RcTransport, RemoteRegion, Stats,
+    Batch, IntoBufError, LocalRegion, Message, Node, OpOutput, PendingOp, RcTransport,
+    RemoteRegion, Stats,
 };
 pub use rdmx_ud::UdTransport;
 pub use rdmx_ud::group::Group;

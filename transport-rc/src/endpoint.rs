@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result};
-use rdmx_verbs::{MemoryRegion, Rkey, SharedBytes, WcStatus, WrOpcode};
+use rdmx_verbs::{MemoryRegion, SharedBytes};
 
 use rdmx_core::Message;
 use rdmx_core::worker::wait_until;
 
 use crate::engine::send::Payload;
-use crate::ep::{Inbound, OpSource, Status};
+use crate::ep::{Inbound, Status};
 use crate::state::{RcRef, Shared, State};
 use crate::timers::Timer;
 
@@ -369,171 +369,6 @@ impl Endpoint {
             st.reap_pending = true;
             sh.after(st, cx);
         });
-    }
-
-    // ------------------------------------------------------------------ one-sided
-
-    fn one_sided(&self, op: WrOpcode, local: OpSource) -> Result<Option<Buf>> {
-        let mut local = Some(local);
-        let mut seq = None;
-        wait_until(&self.rc.w, self.rc.wait_endpoint(self.key), None, |ws| {
-            self.rc.on(ws, |sh, st, _| {
-                if seq.is_none() {
-                    let l = local.take()?;
-                    match sh.post_op(st, self.key, op, l) {
-                        Ok(Ok(s)) => seq = Some(s),
-                        Ok(Err(back)) => {
-                            local = Some(back);
-                            return None;
-                        }
-                        Err(e) => return Some(Err(e)),
-                    }
-                }
-                let s = seq?;
-                let ep = st.eps.get_mut(self.key)?;
-                let i = ep.ops_done.iter().position(|r| r.seq == s)?;
-                let r = ep.ops_done.swap_remove(i);
-                Some(if r.status == WcStatus::Success {
-                    Ok(r.buf)
-                } else {
-                    Err(Error::Disconnected(DisconnectCause::TransportError(
-                        format!("one-sided operation failed: {:?}", r.status),
-                    )))
-                })
-            })
-        })
-    }
-
-    fn target(remote: &RemoteRegion, offset: u64, len: u64) -> Result<u64> {
-        match offset.checked_add(len) {
-            Some(end) if end <= remote.len => Ok(remote.addr + offset),
-            _ => Err(Error::InvalidArgument(format!(
-                "{len} bytes at offset {offset} do not fit the {}-byte remote region",
-                remote.len
-            ))),
-        }
-    }
-
-    /// Writes `data` into the peer's region at `offset` and waits until it is there.
-    ///
-    /// # Errors
-    /// `InvalidArgument` outside the region; `Disconnected` when the peer refused (the
-    /// endpoint is down then, as with verbs).
-    pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
-        let addr = Self::target(remote, offset, data.len() as u64)?;
-        let mut buf = self.rc.sh.pool.try_alloc(data.len().max(1))?;
-        buf.set_len(data.len())?;
-        buf.copy_from_slice(data);
-        self.one_sided(
-            WrOpcode::RdmaWrite {
-                remote_addr: addr,
-                rkey: Rkey(remote.rkey),
-            },
-            OpSource::Buf(buf),
-        )?;
-        Ok(())
-    }
-
-    /// Writes application bytes into the peer's region at `offset` without copying them
-    /// (an RDMA WRITE straight from the bytes, registered through the context's
-    /// registration cache), and waits until they are there. For small writes a copy is
-    /// cheaper: use [`write`](Self::write).
-    ///
-    /// # Errors
-    /// As [`write`](Self::write); `Verbs` when the bytes cannot be registered.
-    pub fn write_shared(
-        &self,
-        remote: &RemoteRegion,
-        offset: u64,
-        data: impl Into<SharedBytes>,
-    ) -> Result<()> {
-        let data = data.into();
-        if data.is_empty() {
-            return self.write(remote, offset, &[]);
-        }
-        let addr = Self::target(remote, offset, data.len() as u64)?;
-        let reg = self.rc.sh.regcache.register(&data)?;
-        self.one_sided(
-            WrOpcode::RdmaWrite {
-                remote_addr: addr,
-                rkey: Rkey(remote.rkey),
-            },
-            OpSource::Shared(reg),
-        )?;
-        Ok(())
-    }
-
-    /// Reads `len` bytes of the peer's region at `offset`.
-    ///
-    /// # Errors
-    /// As [`write`](Self::write).
-    pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
-        let addr = Self::target(remote, offset, len as u64)?;
-        let mut buf = self.rc.sh.pool.try_alloc(len.max(1))?;
-        buf.set_len(len)?;
-        let out = self.one_sided(
-            WrOpcode::RdmaRead {
-                remote_addr: addr,
-                rkey: Rkey(remote.rkey),
-            },
-            OpSource::Buf(buf),
-        )?;
-        out.ok_or_else(|| Error::Protocol("read completed without its buffer".into()))
-    }
-
-    fn atomic(&self, op: WrOpcode) -> Result<u64> {
-        let mut buf = self.rc.sh.pool.try_alloc(8)?;
-        buf.fill(0);
-        let out = self
-            .one_sided(op, OpSource::Buf(buf))?
-            .ok_or_else(|| Error::Protocol("atomic completed without its buffer".into()))?;
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&out[..8]);
-        Ok(u64::from_ne_bytes(w))
-    }
-
-    /// Atomically replaces the 8-byte word at `offset` with `swap` if it equals `compare`;
-    /// returns the value it had.
-    ///
-    /// # Errors
-    /// As [`write`](Self::write); the offset must be 8-byte aligned.
-    pub fn compare_swap(
-        &self,
-        remote: &RemoteRegion,
-        offset: u64,
-        compare: u64,
-        swap: u64,
-    ) -> Result<u64> {
-        let addr = Self::aligned(remote, offset)?;
-        self.atomic(WrOpcode::AtomicCmpSwap {
-            remote_addr: addr,
-            rkey: Rkey(remote.rkey),
-            compare,
-            swap,
-        })
-    }
-
-    /// Atomically adds `add` to the 8-byte word at `offset`; returns the value it had.
-    ///
-    /// # Errors
-    /// As [`compare_swap`](Self::compare_swap).
-    pub fn fetch_add(&self, remote: &RemoteRegion, offset: u64, add: u64) -> Result<u64> {
-        let addr = Self::aligned(remote, offset)?;
-        self.atomic(WrOpcode::AtomicFetchAdd {
-            remote_addr: addr,
-            rkey: Rkey(remote.rkey),
-            add,
-        })
-    }
-
-    fn aligned(remote: &RemoteRegion, offset: u64) -> Result<u64> {
-        let addr = Self::target(remote, offset, 8)?;
-        if addr % 8 != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "atomic target {addr:#x} is not 8-byte aligned"
-            )));
-        }
-        Ok(addr)
     }
 }
 

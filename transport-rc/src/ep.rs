@@ -182,6 +182,9 @@ pub(crate) struct Ep {
     /// Signaled work requests not yet completed (each gives exactly one completion).
     pub(crate) signaled_out: u32,
     pub(crate) ops_done: Vec<OpResult>,
+    /// One-sided operations still posted whose results nobody waits for (dropped when
+    /// they come: see `Ep::op_done`).
+    pub(crate) ops_abandoned: Vec<u32>,
 
     // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
     pub(crate) rndv_out: VecDeque<RndvSrc>,

@@ -276,6 +276,7 @@ pub(crate) fn register(
             inflight: VecDeque::new(),
             signaled_out: 0,
             ops_done: Vec::new(),
+            ops_abandoned: Vec::new(),
             rndv_out: VecDeque::new(),
             rndv_out_done: 0,
             rndv_in_done: 0,

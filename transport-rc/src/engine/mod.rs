@@ -424,7 +424,7 @@ impl Shared {
                 } else {
                     WcStatus::Success
                 };
-                ep.ops_done.push(OpResult {
+                ep.op_done(OpResult {
                     seq: s,
                     status,
                     buf,

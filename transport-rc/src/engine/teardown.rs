@@ -72,9 +72,10 @@ impl Shared {
         // Operations still waiting get an error now. Their buffers, like every buffer a
         // posted work request names, stay in the endpoint until the flush completion of that
         // request arrives or the queue pair is destroyed: a NIC may still be using them.
+        let mut failed = Vec::new();
         for (s, hold) in ep.inflight.iter_mut() {
             if let Hold::Op(src) = hold {
-                ep.ops_done.push(OpResult {
+                failed.push(OpResult {
                     seq: *s,
                     status: WcStatus::WrFlushErr,
                     buf: None,
@@ -85,6 +86,9 @@ impl Shared {
                     OpSource::Shared(r) => Hold::Shared(r),
                 };
             }
+        }
+        for r in failed {
+            ep.op_done(r);
         }
         // Rendezvous buffers stay too (released with the queue pair); nobody needs to
         // watch for their release any more.
