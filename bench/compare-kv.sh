@@ -8,9 +8,9 @@
 # times each, interleaved (medians shown, and the median of the per-rep ratios):
 #   1 client, one at a time: rdmx-kv one-sided and through RPC, blocking and busy-polling
 #     (RDMX_BUSY_POLL_US=1000000); redis-benchmark -c 1 -P 1; memcaslap -T 1 -c 1;
-#   50 clients: rdmx-kv one-sided (50 connections on one context, a thread each: one-sided
-#     reads block their thread) and RPC (50 connections driven by 2 threads, as
-#     redis-benchmark drives its connections from its event loop); redis -c 50, with its one
+#   50 clients: rdmx-kv one-sided and RPC (50 connections on one context driven by 2 threads,
+#     as redis-benchmark drives its connections from its event loop: a wave's reads are all
+#     posted, its RPC calls sent in one batch); redis -c 50, with its one
 #     thread and with --threads 2 (the ratio is taken against the better); memcaslap -T 2 -c 50;
 #   16 in flight: rdmx-kv --depth 16 through RPC; redis -P 16.
 #
@@ -106,7 +106,7 @@ for rep in $(seq 1 "$REPS"); do
     RDMX_BUSY_POLL_US=1000000 kv kv1_rpc_busy "$rep" --get rpc
     ((HAVE_REDIS)) && redis redis1 "$rep" 1 1
     ((HAVE_MC)) && mc mc1 "$rep" 1 1
-    kv kv50_onesided "$rep" --clients 50
+    kv kv50_onesided "$rep" --clients 50 --threads 2
     kv kv50_rpc "$rep" --clients 50 --threads 2 --get rpc
     ((HAVE_REDIS)) && redis redis50 "$rep" 50 1
     ((HAVE_REDIS)) && redis redis50t2 "$rep" 50 1 2
@@ -148,7 +148,7 @@ rows = [
     ("1 client, one-sided GET, busy-polling", "kv1_onesided_busy", "redis1"),
     ("1 client, GET through RPC, blocking", "kv1_rpc", "redis1"),
     ("1 client, GET through RPC, busy-polling", "kv1_rpc_busy", "redis1"),
-    ("50 clients, one-sided GET", "kv50_onesided", "redis50"),
+    ("50 clients, one-sided GET (2 client threads)", "kv50_onesided", "redis50"),
     ("50 clients, GET through RPC (2 client threads)", "kv50_rpc", "redis50"),
     ("16 in flight, GET through RPC (Redis -P 16)", "kvP16_rpc", "redisP16"),
 ]

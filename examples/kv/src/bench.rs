@@ -5,9 +5,8 @@
 //! type.
 //!
 //! A thread with several connections runs them in waves: one round on each (its RPC
-//! operations all leave in one send batch), then it takes the answers, connection after
-//! connection. One-sided reads are blocking: a thread does its connections' one after
-//! another.
+//! operations all leave in one send batch, its one-sided reads are all posted), then it
+//! takes the answers, connection after connection.
 //!
 //! Reads are one-sided (RDMA READ of the key's slots) or through the server (RPC);
 //! updates go through the server. With `depth` > 1 a client runs rounds of `depth`
@@ -227,23 +226,22 @@ fn run_client(
     let mut version = seed << 32;
     let depth = o.depth.max(1);
     let mut wave = Vec::with_capacity(depth * clients.len());
+    let mut keys_read = Vec::with_capacity(depth * clients.len());
     let timeout = Duration::from_secs(10);
     // Rounds of `depth` operations on each connection, as `redis-benchmark -P` pipelines:
     // the wave's RPC operations leave in one send batch (the connections share a context,
     // so one batch holds them all), then the wave waits for all their answers.
     while !stop.load(Ordering::Relaxed) {
         let batch = first.rpc().batch();
+        // One-sided reads: the wave's are posted together (a read of each key's home slot),
+        // then finished one after another.
+        keys_read.clear();
         for c in clients {
             for _ in 0..depth {
                 let k = keys.next(&mut rng);
                 let read = rng.unit() < o.mix.read_fraction();
                 if read && o.one_sided {
-                    let t0 = Instant::now();
-                    match c.get_one_sided_counted(&key(k), &mut r.reads) {
-                        Ok(v) => check_get(&mut r, v, k),
-                        Err(_) => r.errors += 1,
-                    }
-                    r.gets.push(t0.elapsed().as_nanos() as u64);
+                    keys_read.push((*c, k, key(k)));
                     continue;
                 }
                 let t0 = Instant::now();
@@ -268,6 +266,18 @@ fn run_client(
             }
         }
         drop(batch);
+        let t0 = Instant::now();
+        let started: Vec<_> = keys_read
+            .iter()
+            .map(|(c, k, kb)| (*k, c.start_get_one_sided(kb)))
+            .collect();
+        for (k, g) in started {
+            match g.and_then(|g| g.finish(&mut r.reads)) {
+                Ok(v) => check_get(&mut r, v, k),
+                Err(_) => r.errors += 1,
+            }
+            r.gets.push(t0.elapsed().as_nanos() as u64);
+        }
         for p in wave.drain(..) {
             finish(&mut r, p);
         }

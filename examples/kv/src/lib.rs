@@ -321,14 +321,57 @@ impl KvClient {
         key: &[u8],
         stats: &mut ReadStats,
     ) -> Result<Option<Vec<u8>>, KvError> {
+        self.start_get_one_sided(key)?.finish(stats)
+    }
+
+    /// Starts a one-sided GET: the read of the key's home slot is posted and this returns
+    /// at once, so that one thread has the GETs of many connections in flight together;
+    /// [`PendingGet::finish`] takes the slot and goes on along the probe if the key is not
+    /// at home.
+    ///
+    /// # Errors
+    /// [`KvError`] when the read cannot be posted.
+    pub fn start_get_one_sided<'a>(&'a self, key: &'a [u8]) -> Result<PendingGet<'a>, KvError> {
         let home = self.layout.home(key);
         let len = self.layout.slot_len();
+        let s = self.layout.probe(home, 0);
+        let first = self.ep.start_read(&self.remote, s * len as u64, len)?;
+        Ok(PendingGet {
+            c: self,
+            key,
+            first: Some(first),
+        })
+    }
+}
+
+/// A one-sided GET under way ([`KvClient::start_get_one_sided`]).
+#[derive(Debug)]
+pub struct PendingGet<'a> {
+    c: &'a KvClient,
+    key: &'a [u8],
+    first: Option<rdmx::PendingOp<'a, rdmx::Buf>>,
+}
+
+impl PendingGet<'_> {
+    /// Waits for the home slot and reads on along the probe as needed: the value, or
+    /// `None` when the key is not there. A slot caught being written is read again (at
+    /// most [`READ_RETRIES`] times, then the server is asked).
+    ///
+    /// # Errors
+    /// [`KvError`].
+    pub fn finish(mut self, stats: &mut ReadStats) -> Result<Option<Vec<u8>>, KvError> {
+        let (c, key) = (self.c, self.key);
+        let home = c.layout.home(key);
+        let len = c.layout.slot_len();
         for i in 0..PROBE {
-            let s = self.layout.probe(home, i);
+            let s = c.layout.probe(home, i);
             let mut tries = 0;
             loop {
-                let bytes = self.ep.read(&self.remote, s * len as u64, len)?;
-                match view(&bytes, &self.layout) {
+                let bytes = match self.first.take() {
+                    Some(op) => op.wait()?,
+                    None => c.ep.read(&c.remote, s * len as u64, len)?,
+                };
+                match view(&bytes, &c.layout) {
                     SlotView::Live { key: k, value, .. } if k == key => return Ok(Some(value)),
                     SlotView::Free { never_used: true } => return Ok(None),
                     SlotView::Unstable => {
@@ -336,7 +379,7 @@ impl KvClient {
                         tries += 1;
                         if tries >= READ_RETRIES {
                             stats.fallbacks += 1;
-                            return Ok(self.get_rpc(key)?);
+                            return Ok(c.get_rpc(key)?);
                         }
                         std::thread::yield_now();
                     }

@@ -178,6 +178,7 @@ fn the_bench_runs_with_small_parameters() {
         (0, Mix::C, true, 1, 2, 0),
         (0, Mix::A, false, 2, 5, 2),
         (2, Mix::B, false, 1, 7, 3),
+        (1, Mix::B, true, 2, 6, 2),
     ] {
         let s = server_with(1 << 12, 64, readers);
         let o = BenchOptions {
