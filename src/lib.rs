@@ -31,7 +31,7 @@
 
 pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::TransportKind as Transport;
-pub use rdmx_core::{Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
+pub use rdmx_core::{Arrival, Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
 pub use rdmx_rpc as rpc;
 mod context;
 mod endpoint;

@@ -36,4 +36,4 @@ pub use error::{Error, Result};
 pub use event::{DisconnectCause, Event};
 pub use pool::{Buf, BufferPool, PoolStats};
 pub use regcache::{RegCache, RegCacheStats, Registered};
-pub use worker::{Message, Worker};
+pub use worker::{Arrival, Message, Worker};

@@ -11,7 +11,9 @@ use std::time::Duration;
 use rdmx_core::bootstrap::TransportKind;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
-use rdmx_core::{Buf, Config, ConfigBuilder, Error, Event, Message, RegCacheStats, Result};
+use rdmx_core::{
+    Arrival, Buf, Config, ConfigBuilder, Error, Event, Message, RegCacheStats, Result,
+};
 use rdmx_verbs::{DeviceOptions, NicCounters};
 
 use crate::attach::{Listener, RcTransport};
@@ -387,6 +389,42 @@ impl Context {
     /// Waits up to `timeout` for the next event.
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
         self.worker().wait_event(timeout)
+    }
+
+    /// Waits for the next message of any endpoint or the next event, whichever comes first
+    /// (see [`Worker::recv_or_event`]): one loop serves messages and learns of peers' ends.
+    ///
+    /// # Errors
+    /// None: it waits until there is one.
+    pub fn recv_or_event(&self) -> Result<Arrival> {
+        self.worker().recv_or_event()
+    }
+
+    /// [`recv_or_event`](Self::recv_or_event) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout` when neither came in time.
+    pub fn recv_or_event_timeout(&self, timeout: Duration) -> Result<Arrival> {
+        self.worker().recv_or_event_timeout(timeout)
+    }
+
+    /// [`recv_or_event`](Self::recv_or_event) without blocking the thread.
+    ///
+    /// # Errors
+    /// As `recv_or_event`.
+    #[cfg(feature = "tokio")]
+    pub async fn recv_or_event_async(&self) -> Result<Arrival> {
+        self.worker().recv_or_event_async().await
+    }
+
+    /// The next event without blocking the thread, woken when one is queued (to
+    /// `select!` on a peer's end); a cancelled future leaves it queued.
+    ///
+    /// # Errors
+    /// None: it waits until there is one.
+    #[cfg(feature = "tokio")]
+    pub async fn next_event_async(&self) -> Result<Event> {
+        self.worker().next_event_async().await
     }
 
     /// Counters of the message layer.

@@ -11,7 +11,65 @@ use super::{Message, Worker};
 use crate::pool::PoolStats;
 use crate::{Buf, Error, Event, Result};
 
+/// What [`Worker::recv_or_event`] gives: a message of any endpoint, or an event.
+#[derive(Debug)]
+pub enum Arrival {
+    /// A message ([`Message::endpoint`] says whose).
+    Message(Message),
+    /// An event (a disconnect, a path migration, ...).
+    Event(Event),
+}
+
 impl Worker {
+    /// Waits for the next message of any endpoint or the next event, whichever comes
+    /// first (events first when both are there: they are rare, and a server that is busy
+    /// with messages still learns of a peer's end at once). One loop serves both, without
+    /// polling for events between receives.
+    ///
+    /// # Errors
+    /// None: it waits until there is one (the `Result` matches the other receive calls).
+    pub fn recv_or_event(&self) -> Result<Arrival> {
+        wait_until(self, Wait::ANY_MESSAGE, None, |ws| self.take_arrival(ws))
+    }
+
+    /// [`recv_or_event`](Self::recv_or_event) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// `Timeout` when neither came in time.
+    pub fn recv_or_event_timeout(&self, timeout: Duration) -> Result<Arrival> {
+        wait_until(self, Wait::ANY_MESSAGE, Some(timeout), |ws| {
+            self.take_arrival(ws)
+        })
+    }
+
+    /// [`recv_or_event`](Self::recv_or_event) without blocking the thread (feature
+    /// `tokio`). A cancelled future leaves what it would have taken queued.
+    ///
+    /// # Errors
+    /// As `recv_or_event`.
+    #[cfg(feature = "tokio")]
+    pub async fn recv_or_event_async(&self) -> Result<Arrival> {
+        super::wait_async(self, |ws| self.take_arrival(ws)).await
+    }
+
+    /// The next event, without blocking the thread (feature `tokio`): woken when one is
+    /// queued, so a program can `select!` on a peer's end. A cancelled future leaves the
+    /// event queued.
+    ///
+    /// # Errors
+    /// None: it waits until there is one.
+    #[cfg(feature = "tokio")]
+    pub async fn next_event_async(&self) -> Result<Event> {
+        super::wait_async(self, |ws| ws.pop_event().map(Ok)).await
+    }
+
+    fn take_arrival(&self, ws: &mut super::WorkerState) -> Option<Result<Arrival>> {
+        if let Some(ev) = ws.pop_event() {
+            return Some(Ok(Arrival::Event(ev)));
+        }
+        self.take_any(ws).map(|m| Ok(Arrival::Message(m)))
+    }
+
     /// Waits for the next message from any endpoint of any transport of the worker.
     /// Endpoints with messages waiting take turns (one message each, round robin); the
     /// messages of one endpoint arrive in order. [`Message::endpoint`] says which endpoint

@@ -31,6 +31,7 @@
 //! Nothing here calls into a transport without the worker lock held.
 
 mod api;
+pub use api::Arrival;
 #[cfg(feature = "tokio")]
 mod async_timer;
 #[cfg(feature = "tokio")]
@@ -326,9 +327,11 @@ impl Cx<'_> {
         self.worker.now()
     }
 
-    /// Queues an event for the application.
+    /// Queues an event for the application and wakes the worker's waiters (a thread or a
+    /// future waiting for a message or an event sees it at once; events are rare).
     pub fn push_event(&mut self, ev: Event) {
         self.core.events.push(ev);
+        self.worker.wake_all();
     }
 
     /// Wakes every waiter of the worker: threads asleep on the worker as a whole, pending
