@@ -8,7 +8,7 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use rdmx_core::bootstrap::TransportKind;
+use rdmx_core::bootstrap::Transport;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
 use rdmx_core::{Arrival, Buf, Config, Event, Message, RegCacheStats, Result};
@@ -37,7 +37,7 @@ impl FromParts for Context {
     fn from_parts(p: ContextParts) -> Result<Self> {
         let cfg = p.cfg;
         cfg.validate()?;
-        let ud = cfg.transport == TransportKind::Ud;
+        let ud = cfg.transport == Transport::Ud;
         // Every transport's receive-buffer class goes in the one pool (UD's for multicast
         // groups too: a class costs nothing until used).
         let classes = vec![cfg.recv_buf_size(), UdTransport::RECV_BUF_SIZE];

@@ -30,8 +30,10 @@
 #![forbid(unsafe_code)]
 
 pub use rdmx_core as core;
-pub use rdmx_core::bootstrap::TransportKind as Transport;
-pub use rdmx_core::{Arrival, Buf, Config, DisconnectCause, Error, Event, RegCacheStats, Result};
+pub use rdmx_core::bootstrap::Transport;
+pub use rdmx_core::{
+    Arrival, Buf, Config, DisconnectCause, Error, Event, PoolStats, RegCacheStats, Result,
+};
 pub use rdmx_rpc as rpc;
 mod context;
 mod endpoint;
@@ -46,4 +48,4 @@ pub use rdmx_ud::UdTransport;
 pub use rdmx_ud::group::Group;
 pub use rdmx_ud::mcast::{McastConfig, McastEvent, McastStats, RemovedWhy};
 pub use rdmx_verbs as verbs;
-pub use rdmx_verbs::SharedBytes;
+pub use rdmx_verbs::{MemoryRegion, NicCounters, SharedBytes};

@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use crate::bootstrap::TransportKind;
+use crate::bootstrap::Transport;
 use crate::error::{Error, Result};
 use crate::header::HEADER_LEN;
 
@@ -31,7 +31,7 @@ pub struct Config {
     /// device with two addresses has two ports, which gives endpoints an alternate path.
     pub device: String,
     /// The transport endpoints use.
-    pub transport: TransportKind,
+    pub transport: Transport,
     /// Messages up to this many payload bytes are sent inline (copied into the work request;
     /// no buffer held). Capped by what the device supports.
     pub inline_threshold: usize,
@@ -81,7 +81,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             device: "soft:127.0.0.1".to_string(),
-            transport: TransportKind::Rc,
+            transport: Transport::Rc,
             inline_threshold: 188,
             rndv_threshold: 32 << 10,
             credits: 32,
@@ -191,7 +191,7 @@ impl Config {
 #[must_use]
 pub struct ConfigBuilder {
     device: Option<String>,
-    transport: Option<TransportKind>,
+    transport: Option<Transport>,
     inline_threshold: Option<usize>,
     rndv_threshold: Option<usize>,
     credits: Option<u32>,
@@ -229,7 +229,7 @@ impl ConfigBuilder {
     }
     setter!(
         /// Sets the transport (`RDMX_TRANSPORT`).
-        transport: TransportKind
+        transport: Transport
     );
     setter!(
         /// Sets the inline threshold in bytes (`RDMX_INLINE_THRESHOLD`).
@@ -312,9 +312,9 @@ impl ConfigBuilder {
         let transport = match (self.transport, env("RDMX_TRANSPORT")) {
             (Some(t), _) => t,
             (None, Some(v)) => match v.to_ascii_lowercase().as_str() {
-                "rc" => TransportKind::Rc,
-                "xrc" => TransportKind::Xrc,
-                "ud" => TransportKind::Ud,
+                "rc" => Transport::Rc,
+                "xrc" => Transport::Xrc,
+                "ud" => Transport::Ud,
                 _ => {
                     return Err(Error::Config(format!(
                         "RDMX_TRANSPORT={v:?} (expected rc, xrc or ud)"
@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(c.srq_depth, 256);
         assert_eq!(c.pool_max, 64 << 20);
         assert_eq!(c.regcache_max, 0);
-        assert_eq!(c.transport, TransportKind::Xrc);
+        assert_eq!(c.transport, Transport::Xrc);
         assert_eq!(c.busy_poll, Duration::ZERO);
         assert_eq!(c.rndv_window, 2);
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_core::bootstrap::{
     self, BootstrapError, EndpointInfo, Frame, HEADER_LEN, MAGIC, MAX_REJECT_REASON,
-    PROTOCOL_VERSION, PathInfo, TransportKind,
+    PROTOCOL_VERSION, PathInfo, Transport,
 };
 
 /// The deadline of every exchange under test.
@@ -87,7 +87,7 @@ fn path(port_num: u8) -> PathInfo {
 
 fn info(qpn: u32) -> EndpointInfo {
     EndpointInfo {
-        transport: TransportKind::Rc,
+        transport: Transport::Rc,
         qpn,
         psn: 0x00_1234,
         mtu: 1024,
@@ -374,7 +374,7 @@ fn a_peer_that_stops_mid_frame_times_out() {
 fn send_never_blocks_past_the_deadline_when_the_peer_does_not_read() {
     let (mut connector, _accepted) = pair();
     let big = Frame::Hello(EndpointInfo {
-        transport: TransportKind::Xrc,
+        transport: Transport::Xrc,
         srq_nums: vec![1; 4096],
         ..info(3)
     });

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmx_core::bootstrap::{self, BootstrapError, Frame, TransportKind};
+use rdmx_core::bootstrap::{self, BootstrapError, Frame, Transport};
 use rdmx_core::{Error, Result};
 
 use crate::setup::{
@@ -126,7 +126,7 @@ pub(crate) fn accept(
     let sh = &*rc.sh;
     let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
-    if sh.node.is_some() && peer.transport == TransportKind::Xrc {
+    if sh.node.is_some() && peer.transport == Transport::Xrc {
         return crate::xrc::accept(rc, stream, from, &peer, deadline);
     }
     if let Err(e) = check_peer(sh, &peer) {

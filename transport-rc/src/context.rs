@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use std::net::ToSocketAddrs;
 use std::time::Duration;
 
-use rdmx_core::bootstrap::TransportKind;
+use rdmx_core::bootstrap::Transport;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
 use rdmx_core::{
@@ -88,7 +88,7 @@ impl<C: FromParts> ContextBuilder<C> {
     }
     forward!(
         /// The transport of endpoints (`RDMX_TRANSPORT`).
-        transport: TransportKind
+        transport: Transport
     );
     forward!(
         /// Largest payload sent inline (`RDMX_INLINE_THRESHOLD`).
@@ -154,7 +154,7 @@ impl<C: FromParts> ContextBuilder<C> {
     /// share its device and XRC domain, and with it one connection per remote node.
     pub fn node(mut self, node: &Node) -> Self {
         self.node = Some(node.clone());
-        self.cfg = self.cfg.transport(TransportKind::Xrc);
+        self.cfg = self.cfg.transport(Transport::Xrc);
         self
     }
 
@@ -212,15 +212,15 @@ pub fn open_worker(
 ) -> Result<(Worker, Option<Node>)> {
     let mut options = options;
     let node = match (cfg.transport, node) {
-        (TransportKind::Xrc, Some(n)) => Some(n),
-        (TransportKind::Xrc, None) => Some(match (options.take(), &cfg.xrc_domain) {
+        (Transport::Xrc, Some(n)) => Some(n),
+        (Transport::Xrc, None) => Some(match (options.take(), &cfg.xrc_domain) {
             (Some(o), Some(f)) => Node::open_shared_with(&cfg.device, o, f)?,
             (None, Some(f)) => Node::open_shared(&cfg.device, f)?,
             (Some(o), None) => Node::open_with(&cfg.device, o)?,
             (None, None) => Node::open(&cfg.device)?,
         }),
         // (A UD context's worker is a plain one too: `rdmx::Context` attaches rdmx-ud.)
-        (TransportKind::Rc | TransportKind::Ud, _) => None,
+        (Transport::Rc | Transport::Ud, _) => None,
     };
     let w = match &node {
         Some(n) => Worker::over(cfg, n.inner.vctx.clone(), n.inner.pd.clone(), recv_classes)?,
@@ -253,7 +253,7 @@ impl Context {
 
     fn open(cfg: Config, options: Option<DeviceOptions>, node: Option<Node>) -> Result<Self> {
         cfg.validate()?;
-        if cfg.transport == TransportKind::Ud {
+        if cfg.transport == Transport::Ud {
             return Err(Error::Config(
                 "transport ud: rdmx_rc::Context makes RC and XRC endpoints only; UD endpoints \
                  are rdmx-ud's"

@@ -449,7 +449,11 @@ impl LocalRegion {
         }
     }
 
-    /// The region's memory (read and written with copies: peers may access it any time).
+    /// The region's memory, read and written here with copies (peers may access it any
+    /// time): [`MemoryRegion::read`] / [`write`](MemoryRegion::write) for bytes,
+    /// [`read_u64`](MemoryRegion::read_u64) / [`write_u64`](MemoryRegion::write_u64) for
+    /// the 8-byte words peers' atomics (`compare_swap`, `fetch_add`) work on, `to_vec` for
+    /// a copy.
     pub fn memory(&self) -> &MemoryRegion {
         &self.mr
     }

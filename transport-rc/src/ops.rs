@@ -54,7 +54,7 @@ impl OpOutput for u64 {
 
 /// A one-sided operation under way ([`Endpoint::start_read`] and the other `start_`
 /// calls): [`wait`](Self::wait), [`wait_timeout`](Self::wait_timeout),
-/// [`try_wait`](Self::try_wait) or, with `tokio`, [`wait_async`](Self::wait_async).
+/// [`try_wait`](Self::try_wait) or, with `tokio`, `wait_async`.
 /// Dropping it before its result leaves the operation to complete on its own (its result is
 /// dropped then).
 #[must_use = "an operation's outcome is only known by waiting for it"]

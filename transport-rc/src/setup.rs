@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rdmx_core::bootstrap::{EndpointInfo, PathInfo, TransportKind};
+use rdmx_core::bootstrap::{EndpointInfo, PathInfo, Transport};
 use rdmx_core::credit::{RecvWindow, SendWindow};
 
 use rdmx_core::worker::WaitSlot;
@@ -208,9 +208,9 @@ pub(crate) fn register(
         let xrc = sh.node.as_ref();
         let info = EndpointInfo {
             transport: if xrc.is_some() {
-                TransportKind::Xrc
+                Transport::Xrc
             } else {
-                TransportKind::Rc
+                Transport::Rc
             },
             // XRC: the initiator is announced in the second Hello (see xrc.rs).
             qpn: if xrc.is_some() { 0 } else { qpn },
@@ -363,9 +363,9 @@ pub(crate) fn unregister(rc: &RcRef, key: usize) {
 
 pub(crate) fn check_peer(sh: &Shared, peer: &EndpointInfo) -> Result<()> {
     let ours = if sh.node.is_some() {
-        TransportKind::Xrc
+        Transport::Xrc
     } else {
-        TransportKind::Rc
+        Transport::Rc
     };
     if peer.transport != ours {
         return Err(Error::Protocol(format!(
@@ -373,7 +373,7 @@ pub(crate) fn check_peer(sh: &Shared, peer: &EndpointInfo) -> Result<()> {
             peer.transport
         )));
     }
-    if ours == TransportKind::Xrc && peer.srq_nums.len() != 1 {
+    if ours == Transport::Xrc && peer.srq_nums.len() != 1 {
         return Err(Error::Protocol(
             "an XRC peer must name exactly one receive queue".into(),
         ));

@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
 use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::wire::{RECALL_OFF, Signal};
@@ -62,7 +62,7 @@ impl Rogue {
             .unwrap();
         let psn = 4242;
         let info = EndpointInfo {
-            transport: TransportKind::Rc,
+            transport: Transport::Rc,
             qpn: qp.qp_num().0,
             psn,
             mtu: 4096,
@@ -209,7 +209,7 @@ impl Rogue {
 fn server() -> (Context, rdmx_rc::Listener) {
     // The rogue peers speak RC, so the server does too whatever `RDMX_TRANSPORT` says.
     let ctx = Context::builder()
-        .transport(TransportKind::Rc)
+        .transport(Transport::Rc)
         .credits(8)
         .srq_depth(512)
         .max_message(1 << 20)
@@ -242,10 +242,7 @@ fn drain_until_down(ep: &Endpoint) -> (usize, DisconnectCause) {
 /// A well-behaved pair through the server's listener: (client context, client endpoint,
 /// server endpoint), checked to work.
 fn good_pair(l: &rdmx_rc::Listener) -> (Context, Endpoint, Endpoint) {
-    let client = Context::builder()
-        .transport(TransportKind::Rc)
-        .build()
-        .unwrap();
+    let client = Context::builder().transport(Transport::Rc).build().unwrap();
     let addr = l.local_addr();
     let t = std::thread::spawn(move || {
         let ep = client.connect(addr).unwrap();
@@ -381,7 +378,7 @@ fn sends_beyond_the_credits_take_the_endpoint_down() {
     // reading, grants stop, and a message beyond them lands in a buffer that backs the other
     // endpoint's credit, which is how the violation shows.
     let ctx = Context::builder()
-        .transport(TransportKind::Rc)
+        .transport(Transport::Rc)
         .credits(8)
         .srq_depth(16)
         .pool_max(8 << 20)

@@ -265,7 +265,7 @@ fn close_releases_a_sender_blocked_for_credits() {
     // `an_xrc_close_that_timed_out_is_noticed_by_the_peer`).
     let (_c, cep, _s, sep) = pair_with(|| {
         builder()
-            .transport(rdmx_core::bootstrap::TransportKind::Rc)
+            .transport(rdmx_core::bootstrap::Transport::Rc)
             .credits(4)
             .srq_depth(16)
             .peer_timeout(Duration::from_millis(500))
@@ -1635,7 +1635,7 @@ fn a_huge_peer_timeout() {
 ///
 /// (This used eager messages into a full receive queue until a closing sender could get a
 /// credit for its Close beyond a full window: that close now succeeds, see `limits.rs`.)
-fn close_into_a_full_peer(transport: rdmx_core::bootstrap::TransportKind) -> (Error, Duration) {
+fn close_into_a_full_peer(transport: rdmx_core::bootstrap::Transport) -> (Error, Duration) {
     let timeout = Duration::from_millis(300);
     let b = || {
         builder()
@@ -1679,7 +1679,7 @@ fn close_into_a_full_peer(transport: rdmx_core::bootstrap::TransportKind) -> (Er
 /// timeout (its keepalive fails against the queue pair in the error state).
 #[test]
 fn a_close_that_timed_out_is_noticed_by_the_peer() {
-    let (err, took) = close_into_a_full_peer(rdmx_core::bootstrap::TransportKind::Rc);
+    let (err, took) = close_into_a_full_peer(rdmx_core::bootstrap::Transport::Rc);
     eprintln!("RC: {err} {took:?} after the close returned");
     assert!(matches!(err, Error::Disconnected(_)), "{err}");
     assert!(took < Duration::from_secs(2), "{took:?}");
@@ -1692,7 +1692,7 @@ fn a_close_that_timed_out_is_noticed_by_the_peer() {
 /// the peer's slot, and the peer takes its endpoint down at its next look.
 #[test]
 fn an_xrc_close_that_timed_out_is_noticed_by_the_peer() {
-    let (err, took) = close_into_a_full_peer(rdmx_core::bootstrap::TransportKind::Xrc);
+    let (err, took) = close_into_a_full_peer(rdmx_core::bootstrap::Transport::Xrc);
     eprintln!("XRC: {err} {took:?} after the close returned");
     assert!(
         matches!(err, Error::Disconnected(DisconnectCause::PeerAborted)),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 use rdmx_core::Error;
-use rdmx_core::bootstrap::TransportKind;
+use rdmx_core::bootstrap::Transport;
 use rdmx_rc::{Context, Endpoint};
 
 #[test]
@@ -377,7 +377,7 @@ fn more_endpoints_than_buffers_never_starve() {
 
 #[test]
 fn endpoints_connecting_while_others_run_are_left_alone() {
-    connecting_while_others_run(TransportKind::Rc);
+    connecting_while_others_run(Transport::Rc);
 }
 
 #[test]
@@ -386,10 +386,10 @@ fn xrc_endpoints_connecting_at_once_through_one_context() {
     // before taking that turn, so the listener could accept a thread still waiting for
     // it and wait for its Hello, while the thread whose turn it was waited for the
     // listener: 16 threads connecting at once timed out every time.
-    connecting_while_others_run(TransportKind::Xrc);
+    connecting_while_others_run(Transport::Xrc);
 }
 
-fn connecting_while_others_run(transport: TransportKind) {
+fn connecting_while_others_run(transport: Transport) {
     // Threads of one client context connect while its other endpoints are busy, with
     // fewer buffers than the endpoints would like, so credits are handed out as buffers
     // come back, to endpoints that may still be connecting. Until an endpoint knows its
@@ -421,7 +421,7 @@ fn connecting_while_others_run(transport: TransportKind) {
 #[test]
 fn more_busy_clients_than_buffers_keep_going() {
     let _alone = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    for transport in [TransportKind::Rc, TransportKind::Xrc] {
+    for transport in [Transport::Rc, Transport::Xrc] {
         let small = || Context::builder().transport(transport).srq_depth(64);
         let start = Instant::now();
         let (server, client) = request_response(small(), small(), transport, 100, 30);
@@ -449,7 +449,7 @@ fn more_busy_clients_than_buffers_keep_going() {
 fn request_response(
     server: rdmx_rc::ContextBuilder,
     client: rdmx_rc::ContextBuilder,
-    transport: TransportKind,
+    transport: Transport,
     clients: u32,
     rounds: u32,
 ) -> (Context, Context) {

@@ -32,11 +32,11 @@ fn ping_pong(a: &Endpoint, b: &Endpoint, tag: u8) {
 #[test]
 fn xrc_endpoints_carry_every_protocol() {
     let a = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .transport(rdmx_core::bootstrap::Transport::Xrc)
         .build()
         .unwrap();
     let b = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .transport(rdmx_core::bootstrap::Transport::Xrc)
         .build()
         .unwrap();
     let (ea, eb) = connect_pair(&a, &b);
@@ -52,7 +52,7 @@ fn xrc_endpoints_carry_every_protocol() {
     assert_eq!(ea.fetch_add(&remote, 64, 2).unwrap(), 0);
     // An RC context is refused with a clear error.
     let rc = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Rc)
+        .transport(rdmx_core::bootstrap::Transport::Rc)
         .build()
         .unwrap();
     let listener = b.listen("127.0.0.1:0").unwrap();
@@ -316,7 +316,7 @@ fn xrc_contexts_connecting_to_each_other_at_once_both_get_through() {
     let ctxs: Vec<Context> = (0..3)
         .map(|_| {
             Context::builder()
-                .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+                .transport(rdmx_core::bootstrap::Transport::Xrc)
                 .connect_timeout(Duration::from_secs(20))
                 .build()
                 .unwrap()

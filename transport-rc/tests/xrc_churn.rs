@@ -8,12 +8,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use rdmx_core::DisconnectCause;
-use rdmx_core::bootstrap::TransportKind;
+use rdmx_core::bootstrap::Transport;
 use rdmx_rc::{Context, Endpoint};
 
 fn xrc(peer_timeout: Duration) -> Context {
     Context::builder()
-        .transport(TransportKind::Xrc)
+        .transport(Transport::Xrc)
         .peer_timeout(peer_timeout)
         .build()
         .unwrap()

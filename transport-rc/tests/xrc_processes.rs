@@ -144,7 +144,7 @@ fn contexts_join_a_node_through_the_builder() {
     let b: Vec<Context> = (0..2)
         .map(|_| {
             Context::builder()
-                .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+                .transport(rdmx_core::bootstrap::Transport::Xrc)
                 .xrc_domain(&file)
                 .srq_depth(256)
                 // Busy polling for longer than any wait here: the member's frames must be
@@ -156,7 +156,7 @@ fn contexts_join_a_node_through_the_builder() {
         .collect();
     assert_eq!(b[0].config().xrc_domain.as_deref(), Some(file.as_path()));
     let a = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .transport(rdmx_core::bootstrap::Transport::Xrc)
         .srq_depth(256)
         .build()
         .unwrap();
@@ -186,11 +186,11 @@ fn contexts_join_a_node_through_the_builder() {
 /// whose messages would go nowhere.
 #[test]
 fn a_claimed_target_the_node_does_not_have_is_refused() {
-    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
     use std::time::Instant;
 
     let server = Context::builder()
-        .transport(TransportKind::Xrc)
+        .transport(Transport::Xrc)
         .srq_depth(64)
         .build()
         .unwrap();
@@ -198,7 +198,7 @@ fn a_claimed_target_the_node_does_not_have_is_refused() {
     let addr = l.local_addr();
     let rogue = std::thread::spawn(move || {
         let info = EndpointInfo {
-            transport: TransportKind::Xrc,
+            transport: Transport::Xrc,
             qpn: 0,
             psn: 77,
             mtu: 4096,
@@ -307,7 +307,7 @@ fn killing_the_host_process_fails_the_node_in_bounded_time() {
 /// target.
 #[test]
 fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
-    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, TransportKind};
+    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
     use rdmx_core::header::{Header, Kind};
     use rdmx_verbs::{
         AccessFlags, AhAttr, Device, Gid, Mtu, QpAttr, QpAttrMask as M, QpInitAttr, QpState,
@@ -340,7 +340,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
         let (mut s, _) = tcp.accept().unwrap();
         let hello = bootstrap::expect_hello(&mut s, deadline).unwrap();
         let me = EndpointInfo {
-            transport: TransportKind::Xrc,
+            transport: Transport::Xrc,
             qpn: ini.qp_num().0,
             psn: 500,
             mtu: 4096,
@@ -460,7 +460,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
         drop((ini, tgt, srq, mailbox, cq));
     });
     let ctx = Context::builder()
-        .transport(TransportKind::Xrc)
+        .transport(Transport::Xrc)
         .srq_depth(64)
         .build()
         .unwrap();
@@ -494,7 +494,7 @@ fn killing_a_member_process_is_noticed_by_the_survivors() {
     let member_addrs = member.expect_line("LISTEN", Duration::from_secs(30));
     // One context, alone on its node (as a server process is).
     let ctx = Context::builder()
-        .transport(rdmx_core::bootstrap::TransportKind::Xrc)
+        .transport(rdmx_core::bootstrap::Transport::Xrc)
         .srq_depth(256)
         .peer_timeout(Duration::from_millis(1000))
         .build()

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rdmx_core::bootstrap::{EndpointInfo, PathInfo, TransportKind};
+use rdmx_core::bootstrap::{EndpointInfo, PathInfo, Transport};
 use rdmx_core::worker::WaitSlot;
 use rdmx_core::{Error, Result};
 use rdmx_verbs::{AhAttr, Gid, Qpn};
@@ -84,7 +84,7 @@ impl UdRef {
         let sh = &self.sh;
         let gid = sh.vctx.query_gid(1, 0)?;
         Ok(EndpointInfo {
-            transport: TransportKind::Ud,
+            transport: Transport::Ud,
             qpn: sh.qp.qp_num().0,
             psn: h.first.0,
             mtu: sh.session.max_datagram as u32,
@@ -181,7 +181,7 @@ impl UdRef {
 /// `Protocol` for another transport or a datagram size below what a session needs. (A
 /// window of 0 is fine: the peer's budget had no room, and our session asks.)
 pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
-    if info.transport != TransportKind::Ud {
+    if info.transport != Transport::Ud {
         return Err(Error::Protocol(format!(
             "the peer uses transport {:?}, this context ud",
             info.transport

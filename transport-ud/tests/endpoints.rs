@@ -166,7 +166,7 @@ fn endpoints_connect_over_the_side_channel() {
 
 #[test]
 fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
-    use rdmx_core::bootstrap::{self, Frame, PathInfo, TransportKind};
+    use rdmx_core::bootstrap::{self, Frame, PathInfo, Transport};
     let cfg = cfg();
     let (_wb, b, _hb) = started(&cfg);
     let listener = b.listen("127.0.0.1:0").unwrap();
@@ -183,7 +183,7 @@ fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
     // An RC endpoint's Hello: refused, saying why.
     let mut s = bootstrap::connect(addr, deadline).unwrap();
     let rc = bootstrap::EndpointInfo {
-        transport: TransportKind::Rc,
+        transport: Transport::Rc,
         qpn: 5,
         psn: 7,
         mtu: 4096,

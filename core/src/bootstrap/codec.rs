@@ -170,7 +170,7 @@ mod tests {
     use super::*;
     use crate::bootstrap::fixtures::{rc_info, xrc_info};
     use crate::bootstrap::{
-        EndpointInfo, MAX_24BIT, MAX_CREDITS, PathInfo, TransportKind, VALID_MTUS, validate,
+        EndpointInfo, MAX_24BIT, MAX_CREDITS, PathInfo, Transport, VALID_MTUS, validate,
     };
 
     fn all_frames() -> Vec<Frame> {
@@ -363,9 +363,9 @@ mod tests {
         (
             (
                 prop_oneof![
-                    Just(TransportKind::Rc),
-                    Just(TransportKind::Xrc),
-                    Just(TransportKind::Ud)
+                    Just(Transport::Rc),
+                    Just(Transport::Xrc),
+                    Just(Transport::Ud)
                 ],
                 0..=MAX_24BIT,
                 0..=MAX_24BIT,

@@ -1,6 +1,6 @@
 //! Endpoint information shared by the unit tests of the bootstrap submodules.
 
-use super::{EndpointInfo, MAX_24BIT, PathInfo, TransportKind};
+use super::{EndpointInfo, MAX_24BIT, PathInfo, Transport};
 
 /// A loopback path through local port `port_num`.
 pub(super) fn path(port_num: u8) -> PathInfo {
@@ -16,7 +16,7 @@ pub(super) fn path(port_num: u8) -> PathInfo {
 /// Valid RC endpoint information, with an alternate path.
 pub(super) fn rc_info() -> EndpointInfo {
     EndpointInfo {
-        transport: TransportKind::Rc,
+        transport: Transport::Rc,
         qpn: 0x12,
         psn: 0x00ab_cdef,
         mtu: 4096,
@@ -42,7 +42,7 @@ pub(super) fn rc_info() -> EndpointInfo {
 /// Valid XRC endpoint information, with SRQ numbers and no alternate path.
 pub(super) fn xrc_info() -> EndpointInfo {
     EndpointInfo {
-        transport: TransportKind::Xrc,
+        transport: Transport::Xrc,
         alternate: None,
         srq_nums: vec![1, 2, MAX_24BIT],
         ..rc_info()

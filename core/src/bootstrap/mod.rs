@@ -68,7 +68,7 @@ pub use exchange::{
     accept, accept_until, connect, expect_accept, expect_hello, expect_xrc_target, listen,
     recv_frame, reject, send_frame,
 };
-pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportKind, validate};
+pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, Transport, validate};
 
 /// Version of the bootstrap protocol; both sides must agree. Version 3: credit recall may
 /// be signalled with an RDMA WRITE with immediate (`rdmx_rc::wire::Signal`), which a
@@ -78,7 +78,7 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, TransportK
 /// the writer's endpoint is gone (`rdmx_rc::wire::Recall::GONE`), which a
 /// version 4 peer would take for a request. Version 6: a recall word may say that the
 /// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
-/// counter used before). Version 7: UD endpoints (`TransportKind::Ud`) and the session
+/// counter used before). Version 7: UD endpoints (`Transport::Ud`) and the session
 /// token (`EndpointInfo::token`), a field a version 6 peer would not decode.
 pub const PROTOCOL_VERSION: u16 = 7;
 

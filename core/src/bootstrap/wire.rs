@@ -23,7 +23,7 @@ pub struct PathInfo {
 
 /// The transport an endpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TransportKind {
+pub enum Transport {
     /// Reliable connected queue pairs, one per endpoint.
     Rc,
     /// XRC: one initiator QP per remote node, reaching every SRQ of the remote processes.
@@ -40,7 +40,7 @@ pub enum TransportKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointInfo {
     /// Transport of the endpoint.
-    pub transport: TransportKind,
+    pub transport: Transport,
     /// The queue pair number the peer must send to (RC QP or XRC target QP).
     pub qpn: u32,
     /// The first PSN this side will send with.
