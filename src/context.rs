@@ -146,6 +146,51 @@ impl Context {
         }
     }
 
+    /// [`connect`](Self::connect), retrying while nobody answers at `addr` yet (the
+    /// connection is refused, the address unreachable, the exchange unanswered or cut):
+    /// processes that start in any order find each other. Waits 10 ms after the first
+    /// failure, then twice as long after each (at most 500 ms), until `timeout` has passed.
+    /// A peer that answers and refuses (another transport, another protocol version, a
+    /// rejection) is not asked again.
+    ///
+    /// # Errors
+    /// The last failure once `timeout` has passed (`Timeout` when nothing was tried); a
+    /// refusal at once; `Bootstrap` when `addr` does not resolve.
+    pub fn connect_retry(&self, addr: impl ToSocketAddrs, timeout: Duration) -> Result<Endpoint> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|error| {
+                rdmx_core::Error::Bootstrap(rdmx_core::bootstrap::BootstrapError::Io {
+                    op: "resolving the address",
+                    error,
+                })
+            })?
+            .collect();
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let err = match self.connect(&addrs[..]) {
+                Ok(ep) => return Ok(ep),
+                Err(e) => e,
+            };
+            let again = matches!(
+                &err,
+                rdmx_core::Error::Bootstrap(
+                    rdmx_core::bootstrap::BootstrapError::Io { .. }
+                        | rdmx_core::bootstrap::BootstrapError::Timeout { .. }
+                        | rdmx_core::bootstrap::BootstrapError::Closed
+                        | rdmx_core::bootstrap::BootstrapError::Truncated { .. }
+                ) | rdmx_core::Error::Timeout(_)
+            );
+            let left = timeout.saturating_sub(start.elapsed());
+            if !again || left.is_zero() {
+                return Err(err);
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
     /// Waits for the next message from any endpoint of any transport (see
     /// [`Worker::recv`]).
     ///

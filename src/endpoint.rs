@@ -11,8 +11,12 @@ use rdmx_rc::{PendingOp, RemoteRegion};
 use rdmx_verbs::SharedBytes;
 
 /// An endpoint: messages to and from one peer (see the module docs).
-#[derive(Debug)]
-pub struct Endpoint(Inner);
+///
+/// A cheap handle: clones share the endpoint (threads may each hold one, no `Arc`
+/// needed); it closes in the background when the last clone is dropped, or for all of
+/// them when one calls [`close`](Self::close) or [`start_close`](Self::start_close).
+#[derive(Debug, Clone)]
+pub struct Endpoint(std::sync::Arc<Inner>);
 
 #[derive(Debug)]
 enum Inner {
@@ -22,20 +26,20 @@ enum Inner {
 
 impl From<rdmx_rc::Endpoint> for Endpoint {
     fn from(e: rdmx_rc::Endpoint) -> Self {
-        Self(Inner::Rc(e))
+        Self(std::sync::Arc::new(Inner::Rc(e)))
     }
 }
 
 impl From<rdmx_ud::Endpoint> for Endpoint {
     fn from(e: rdmx_ud::Endpoint) -> Self {
-        Self(Inner::Ud(e))
+        Self(std::sync::Arc::new(Inner::Ud(e)))
     }
 }
 
 /// Calls the same method on either transport's endpoint.
 macro_rules! both {
     ($self:ident, $e:ident => $call:expr) => {
-        match &$self.0 {
+        match &*$self.0 {
             Inner::Rc($e) => $call,
             Inner::Ud($e) => $call,
         }
@@ -59,7 +63,7 @@ impl Endpoint {
 
     /// The RC/XRC endpoint underneath, if it is one.
     pub fn as_rc(&self) -> Option<&rdmx_rc::Endpoint> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => Some(e),
             Inner::Ud(_) => None,
         }
@@ -67,7 +71,7 @@ impl Endpoint {
 
     /// The UD endpoint underneath, if it is one.
     pub fn as_ud(&self) -> Option<&rdmx_ud::Endpoint> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Ud(e) => Some(e),
             Inner::Rc(_) => None,
         }
@@ -122,7 +126,7 @@ impl Endpoint {
     /// # Errors
     /// As `send`.
     pub fn send_buf(&self, buf: Buf) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_buf(buf),
             Inner::Ud(e) => e.send(&buf),
         }
@@ -133,7 +137,7 @@ impl Endpoint {
     /// # Errors
     /// As `send_buf`; `Timeout`.
     pub fn send_buf_timeout(&self, buf: Buf, timeout: Duration) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_buf_timeout(buf, timeout),
             Inner::Ud(e) => e.send_timeout(&buf, timeout),
         }
@@ -145,7 +149,7 @@ impl Endpoint {
     /// # Errors
     /// As `send`.
     pub fn try_send_buf(&self, buf: Buf) -> Result<Option<Buf>> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.try_send_buf(buf),
             Inner::Ud(e) => match e.try_send(&buf) {
                 Ok(()) => Ok(None),
@@ -160,7 +164,7 @@ impl Endpoint {
     /// # Errors
     /// As `send`.
     pub fn send_shared(&self, data: impl Into<SharedBytes>) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_shared(data),
             Inner::Ud(e) => e.send(&data.into()),
         }
@@ -175,7 +179,7 @@ impl Endpoint {
         data: impl Into<SharedBytes>,
         timeout: Duration,
     ) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_shared_timeout(data, timeout),
             Inner::Ud(e) => e.send_timeout(&data.into(), timeout),
         }
@@ -186,7 +190,7 @@ impl Endpoint {
     /// # Errors
     /// `WouldBlock`; else as `send_shared`.
     pub fn try_send_shared(&self, data: &SharedBytes) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.try_send_shared(data),
             Inner::Ud(e) => e.try_send(data),
         }
@@ -243,7 +247,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::write`].
     pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.write(remote, offset, data),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -259,7 +263,7 @@ impl Endpoint {
         offset: u64,
         data: impl Into<SharedBytes>,
     ) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.write_shared(remote, offset, data),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -270,7 +274,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::read`].
     pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.read(remote, offset, len),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -287,7 +291,7 @@ impl Endpoint {
         compare: u64,
         swap: u64,
     ) -> Result<u64> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.compare_swap(remote, offset, compare, swap),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -298,7 +302,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::fetch_add`].
     pub fn fetch_add(&self, remote: &RemoteRegion, offset: u64, add: u64) -> Result<u64> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.fetch_add(remote, offset, add),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -306,7 +310,7 @@ impl Endpoint {
 
     /// The RC endpoint underneath, or `Unsupported` on UD.
     fn rc_only(&self) -> Result<&rdmx_rc::Endpoint> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => Ok(e),
             Inner::Ud(_) => Err(one_sided_on_ud()),
         }
@@ -433,7 +437,7 @@ impl Endpoint {
     /// As [`recv`](Self::recv).
     #[cfg(feature = "tokio")]
     pub async fn recv_async(&self) -> Result<Message> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.recv_async().await,
             Inner::Ud(e) => e.recv_async().await,
         }
@@ -445,7 +449,7 @@ impl Endpoint {
     /// As [`send`](Self::send).
     #[cfg(feature = "tokio")]
     pub async fn send_async(&self, data: &[u8]) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_async(data).await,
             Inner::Ud(e) => e.send_async(data).await,
         }
@@ -457,7 +461,7 @@ impl Endpoint {
     /// As [`send_buf`](Self::send_buf).
     #[cfg(feature = "tokio")]
     pub async fn send_buf_async(&self, buf: Buf) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_buf_async(buf).await,
             Inner::Ud(e) => e.send_async(&buf).await,
         }
@@ -469,7 +473,7 @@ impl Endpoint {
     /// As [`send_shared`](Self::send_shared).
     #[cfg(feature = "tokio")]
     pub async fn send_shared_async(&self, data: impl Into<SharedBytes>) -> Result<()> {
-        match &self.0 {
+        match &*self.0 {
             Inner::Rc(e) => e.send_shared_async(data).await,
             Inner::Ud(e) => e.send_async(&data.into()).await,
         }
