@@ -140,9 +140,21 @@ impl Context {
     /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout),
     /// `Verbs` when the queue pair cannot be set up.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        self.connect_with(addr, &[])
+    }
+
+    /// [`connect`](Self::connect), sending `data` with the connection (at most 4 KiB: a
+    /// role, a node id, what `rdma_cm` calls private data), so that the accepting side
+    /// knows who connected without a first message; it sees `data` as the accepted
+    /// endpoint's [`Endpoint::peer_data`], and this endpoint's `peer_data` is what the
+    /// listener answered with ([`Listener::set_accept_data`]).
+    ///
+    /// # Errors
+    /// As `connect`; `InvalidArgument` for more than 4 KiB.
+    pub fn connect_with(&self, addr: impl ToSocketAddrs, data: &[u8]) -> Result<Endpoint> {
         match &self.ud {
-            Some(ud) => ud.connect(addr).map(Endpoint::from),
-            None => self.rc.connect(addr).map(Endpoint::from),
+            Some(ud) => ud.connect_with(addr, data).map(Endpoint::from),
+            None => self.rc.connect_with(addr, data).map(Endpoint::from),
         }
     }
 
@@ -379,6 +391,19 @@ enum ListenerInner {
 }
 
 impl Listener {
+    /// Sets the connection data the context's listeners answer with from now on (at most
+    /// 4 KiB; a role, a node id): connecting endpoints see it as their
+    /// [`Endpoint::peer_data`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` for more than 4 KiB.
+    pub fn set_accept_data(&self, data: &[u8]) -> Result<()> {
+        match &self.inner {
+            ListenerInner::Rc(l) => l.set_accept_data(data),
+            ListenerInner::Ud(l) => l.set_accept_data(data),
+        }
+    }
+
     /// The address it listens on (with the real port when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         match &self.inner {

@@ -237,6 +237,13 @@ impl Endpoint {
         both!(self, e => e.close())
     }
 
+    /// The connection data the peer sent with its connect or accept (empty if none: see
+    /// [`Context::connect_with`](crate::Context::connect_with) and
+    /// [`Listener::set_accept_data`](crate::Listener::set_accept_data)).
+    pub fn peer_data(&self) -> std::sync::Arc<[u8]> {
+        both!(self, e => e.peer_data())
+    }
+
     /// Begins an orderly close and returns at once.
     pub fn start_close(&self) {
         both!(self, e => e.start_close());

@@ -107,6 +107,7 @@ fn info(qpn: u32) -> EndpointInfo {
         xrc_target_alt: None,
         xrc_in_use: None,
         token: 0,
+        app_data: Vec::new(),
     }
 }
 

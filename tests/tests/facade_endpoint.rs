@@ -113,3 +113,47 @@ fn connect_retry_waits_for_a_server_that_starts_later() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     refusing.join().expect("listener thread");
 }
+
+#[test]
+fn connection_data_travels_both_ways_on_every_transport() {
+    for t in [Transport::Rc, Transport::Xrc, Transport::Ud] {
+        let s = Context::builder().transport(t).build().expect("server");
+        let c = Context::builder().transport(t).build().expect("client");
+        let listener = s.listen("127.0.0.1:0").expect("listen");
+        listener
+            .set_accept_data(b"server 7, leader")
+            .expect("accept data");
+        assert!(matches!(
+            listener.set_accept_data(&[0u8; 4097]),
+            Err(Error::InvalidArgument(_))
+        ));
+        let addr = listener.local_addr();
+        let accept = std::thread::spawn(move || {
+            let a = listener.accept().expect("accept");
+            let b = listener.accept().expect("accept");
+            (a, b)
+        });
+        let ep = c
+            .connect_with(addr, b"role=follower id=3")
+            .expect("connect with data");
+        let plain = c.connect(addr).expect("connect without");
+        assert!(matches!(
+            c.connect_with(addr, &[1u8; 4097]),
+            Err(Error::InvalidArgument(_))
+        ));
+        let (a, b) = accept.join().expect("accept thread");
+        // (Accepted in the order the connects completed.)
+        let (with, without) = if a.peer_data().is_empty() {
+            (b, a)
+        } else {
+            (a, b)
+        };
+        assert_eq!(&with.peer_data()[..], b"role=follower id=3", "{t:?}");
+        assert!(without.peer_data().is_empty(), "{t:?}");
+        assert_eq!(&ep.peer_data()[..], b"server 7, leader", "{t:?}");
+        assert_eq!(&plain.peer_data()[..], b"server 7, leader", "{t:?}");
+        // The endpoints work as any other.
+        ep.send(b"after").expect("send");
+        assert_eq!(&with.recv_timeout(T).expect("recv")[..], b"after");
+    }
+}

@@ -100,6 +100,7 @@ impl RcTransport {
                 node: node.map(|n| Arc::clone(&n.inner)),
                 node_events: Arc::new(Mutex::new(std::collections::VecDeque::new())),
                 xrc_lock: Mutex::new(()),
+                accept_data: Mutex::new(Vec::new()),
                 batch_posts,
                 context_id: random_u64(),
                 post_key,
@@ -138,8 +139,18 @@ impl RcTransport {
     /// `Bootstrap` when the exchange fails (refused, garbage, version mismatch, timeout),
     /// `Verbs` when the queue pair cannot be set up.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        self.connect_with(addr, &[])
+    }
+
+    /// [`connect`](Self::connect), sending `data` with the connection (a role, a node id:
+    /// at most 4 KiB); the accepted endpoint shows it ([`Endpoint::peer_data`]), and ours
+    /// shows what the listener answered with ([`Listener::set_accept_data`]).
+    ///
+    /// # Errors
+    /// As `connect`; `InvalidArgument` for more than 4 KiB of data.
+    pub fn connect_with(&self, addr: impl ToSocketAddrs, data: &[u8]) -> Result<Endpoint> {
         let addr = resolve(addr)?;
-        let e = crate::conn::connect(&self.rc, addr)?;
+        let e = crate::conn::connect(&self.rc, addr, data)?;
         Ok(Endpoint::new(self.rc.clone(), e.key, e.id, addr))
     }
 
@@ -265,6 +276,17 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// Sets the connection data this context's listeners answer with from now on (at most
+    /// 4 KiB): connecting endpoints see it as their [`Endpoint::peer_data`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` for more than 4 KiB.
+    pub fn set_accept_data(&self, data: &[u8]) -> Result<()> {
+        crate::conn::check_data(data)?;
+        *self.rc.rc.sh.accept_data.lock() = data.to_vec();
+        Ok(())
+    }
+
     /// The address it listens on (with the real port when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local

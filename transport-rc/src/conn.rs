@@ -14,16 +14,17 @@ use crate::setup::{
 use crate::state::RcRef;
 
 /// The connecting side.
-pub(crate) fn connect(rc: &RcRef, addr: SocketAddr) -> Result<Established> {
+pub(crate) fn connect(rc: &RcRef, addr: SocketAddr, data: &[u8]) -> Result<Established> {
     let sh = &*rc.sh;
+    check_data(data)?;
     let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
     if sh.node.is_some() {
-        return connect_xrc(rc, addr, deadline);
+        return connect_xrc(rc, addr, deadline, data);
     }
     let mut stream = bootstrap::connect(addr, deadline)?;
     let psn = random_psn();
     let qp = Arc::new(create_qp(sh)?);
-    let (key, id, info) = register(rc, qp, psn)?;
+    let (key, id, info) = register(rc, qp, psn, data.to_vec())?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
@@ -38,7 +39,24 @@ pub(crate) fn connect(rc: &RcRef, addr: SocketAddr) -> Result<Established> {
 /// The connecting side of an XRC endpoint: the exchange, tried again after a short random
 /// pause while the listener declines because its context is busy with another exchange
 /// ([`bootstrap::REJECT_BUSY`]).
-fn connect_xrc(rc: &RcRef, addr: SocketAddr, deadline: Instant) -> Result<Established> {
+/// Connection data within its limit.
+pub(crate) fn check_data(data: &[u8]) -> Result<()> {
+    if data.len() > bootstrap::MAX_APP_DATA {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes of connection data; at most {} go with a connection",
+            data.len(),
+            bootstrap::MAX_APP_DATA
+        )));
+    }
+    Ok(())
+}
+
+fn connect_xrc(
+    rc: &RcRef,
+    addr: SocketAddr,
+    deadline: Instant,
+    data: &[u8],
+) -> Result<Established> {
     let sh = &*rc.sh;
     loop {
         // XRC exchanges of a context run one at a time, and the TCP connection is made
@@ -48,7 +66,7 @@ fn connect_xrc(rc: &RcRef, addr: SocketAddr, deadline: Instant) -> Result<Establ
         // out every time).
         let one_at_a_time = crate::xrc::exchange_lock(sh, deadline)?;
         let stream = bootstrap::connect(addr, deadline)?;
-        match crate::xrc::connect(rc, one_at_a_time, stream, addr, deadline) {
+        match crate::xrc::connect(rc, one_at_a_time, stream, addr, deadline, data) {
             Err(Error::Bootstrap(BootstrapError::Rejected(r))) if r == bootstrap::REJECT_BUSY => {
                 // Our lock is released: the peer's own exchange with us can go ahead.
                 let pause = Duration::from_millis(5 + crate::util::random_u64() % 40);
@@ -73,7 +91,7 @@ pub(crate) fn connect_local(a: &RcRef, b: &RcRef) -> Result<(Established, Establ
     }
     let (psn_a, psn_b) = (random_psn(), random_psn());
     let qp_a = Arc::new(create_qp(&a.sh)?);
-    let (ka, ida, info_a) = register(a, qp_a, psn_a)?;
+    let (ka, ida, info_a) = register(a, qp_a, psn_a, Vec::new())?;
     let qp_b = match create_qp(&b.sh) {
         Ok(q) => Arc::new(q),
         Err(e) => {
@@ -81,7 +99,7 @@ pub(crate) fn connect_local(a: &RcRef, b: &RcRef) -> Result<(Established, Establ
             return Err(e);
         }
     };
-    let (kb, idb, info_b) = match register(b, qp_b, psn_b) {
+    let (kb, idb, info_b) = match register(b, qp_b, psn_b, Vec::new()) {
         Ok(r) => r,
         Err(e) => {
             crate::setup::unregister(a, ka);
@@ -141,7 +159,8 @@ pub(crate) fn accept(
             return Err(e);
         }
     };
-    let (key, id, info) = register(rc, Arc::new(qp), psn)?;
+    let data = sh.accept_data.lock().clone();
+    let (key, id, info) = register(rc, Arc::new(qp), psn, data)?;
     let result = (|| -> Result<()> {
         bring_up_endpoint(rc, key, psn, &peer)?;
         complete(rc, key, &peer);

@@ -307,6 +307,15 @@ impl Context {
         self.rc.connect(addr)
     }
 
+    /// [`connect`](Self::connect) with connection data (see
+    /// [`RcTransport::connect_with`]).
+    ///
+    /// # Errors
+    /// As [`RcTransport::connect_with`].
+    pub fn connect_with(&self, addr: impl ToSocketAddrs, data: &[u8]) -> Result<Endpoint> {
+        self.rc.connect_with(addr, data)
+    }
+
     /// Waits for the next message from any endpoint of this context (see
     /// [`Worker::recv`]).
     ///

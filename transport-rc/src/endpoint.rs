@@ -55,6 +55,15 @@ impl Endpoint {
         &self.rc.w
     }
 
+    /// The connection data the peer sent with its connect or accept (empty if none: see
+    /// [`RcTransport::connect_with`](crate::RcTransport::connect_with) and
+    /// [`Listener::set_accept_data`](crate::Listener::set_accept_data)).
+    pub fn peer_data(&self) -> std::sync::Arc<[u8]> {
+        self.rc
+            .with(|_, st, _| st.eps.get(self.key).map(|ep| ep.peer_data.clone()))
+            .unwrap_or_else(|| std::sync::Arc::from(&[][..]))
+    }
+
     /// The endpoint's identifier (unique within its context; also in [`Message::endpoint`]
     /// and in events).
     pub fn id(&self) -> u64 {

@@ -185,6 +185,8 @@ pub(crate) struct Ep {
     /// One-sided operations still posted whose results nobody waits for (dropped when
     /// they come: see `Ep::op_done`).
     pub(crate) ops_abandoned: Vec<u32>,
+    /// The connection data the peer sent (`Endpoint::peer_data`).
+    pub(crate) peer_data: Arc<[u8]>,
 
     // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
     pub(crate) rndv_out: VecDeque<RndvSrc>,

@@ -188,6 +188,7 @@ pub(crate) fn register(
     rc: &RcRef,
     qp: Arc<QueuePair>,
     psn: u32,
+    app_data: Vec<u8>,
 ) -> Result<(usize, u64, EndpointInfo)> {
     rc.with(|sh, st, cx| {
         let now = cx.now();
@@ -244,6 +245,7 @@ pub(crate) fn register(
             },
             xrc_in_use: None,
             token: 0,
+            app_data,
         };
         st.eps.insert(Ep {
             id,
@@ -277,6 +279,7 @@ pub(crate) fn register(
             signaled_out: 0,
             ops_done: Vec::new(),
             ops_abandoned: Vec::new(),
+            peer_data: Arc::from(&[][..]),
             rndv_out: VecDeque::new(),
             rndv_out_done: 0,
             rndv_in_done: 0,
@@ -317,6 +320,7 @@ pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
             }
             ep.peer_tag = peer.tag as u16;
             ep.peer_context = peer.context_id;
+            ep.peer_data = peer.app_data.as_slice().into();
             if sh.node.is_some() {
                 ep.remote_srqn = peer.srq_nums.first().copied();
             }

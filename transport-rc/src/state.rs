@@ -239,6 +239,8 @@ pub(crate) struct Shared {
     pub(crate) node_events: Arc<NodeEvents>,
     /// XRC: one connection exchange at a time per context (they share initiators).
     pub(crate) xrc_lock: Mutex<()>,
+    /// The connection data this context's listeners answer with (`Listener::set_accept_data`).
+    pub(crate) accept_data: Mutex<Vec<u8>>,
     pub(crate) context_id: u64,
     /// The right to post pool buffers (see the safety contract of `Transport`, which
     /// `transport.rs` implements).

@@ -247,6 +247,7 @@ pub(crate) fn connect(
     mut stream: TcpStream,
     addr: SocketAddr,
     deadline: Instant,
+    data: &[u8],
 ) -> Result<Established> {
     let sh = &*rc.sh;
     let node = node(sh)?;
@@ -254,7 +255,7 @@ pub(crate) fn connect(
     // (which is known from the Accept).
     let fresh = Arc::new(create_initiator(sh, initiator_depth(sh))?);
     let fresh_psn = crate::setup::random_psn();
-    let (key, id, info) = crate::setup::register(rc, Arc::clone(&fresh), fresh_psn)?;
+    let (key, id, info) = crate::setup::register(rc, Arc::clone(&fresh), fresh_psn, data.to_vec())?;
     let result = (|| -> Result<()> {
         bootstrap::send_frame(&mut stream, &Frame::Hello(info.clone()), deadline)?;
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
@@ -306,7 +307,8 @@ pub(crate) fn accept(
     }
     let node = node(sh)?;
     let (ini, ini_psn, _) = initiator_for(rc, hello.node_id, None)?;
-    let (key, id, info) = crate::setup::register(rc, Arc::clone(&ini), ini_psn)?;
+    let data = sh.accept_data.lock().clone();
+    let (key, id, info) = crate::setup::register(rc, Arc::clone(&ini), ini_psn, data)?;
     let result = (|| -> Result<()> {
         let accept = EndpointInfo {
             qpn: ini.qp_num().0,

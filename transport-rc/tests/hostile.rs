@@ -86,6 +86,7 @@ impl Rogue {
             xrc_target_alt: None,
             xrc_in_use: None,
             token: 0,
+            app_data: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = bootstrap::connect(addr, deadline).unwrap();

@@ -222,6 +222,7 @@ fn a_claimed_target_the_node_does_not_have_is_refused() {
             xrc_target_alt: None,
             xrc_in_use: None,
             token: 0,
+            app_data: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut s = bootstrap::connect(addr, deadline).unwrap();
@@ -360,6 +361,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
             xrc_target_alt: None,
             xrc_in_use: None,
             token: 0,
+            app_data: Vec::new(),
         };
         bootstrap::send_frame(&mut s, &Frame::Accept(me), deadline).unwrap();
         let second = bootstrap::expect_hello(&mut s, deadline).unwrap();

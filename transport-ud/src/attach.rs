@@ -87,6 +87,7 @@ impl UdTransport {
                 sq_depth,
                 addr,
                 cfg: cfg.clone(),
+                accept_data: parking_lot::Mutex::new(Vec::new()),
             });
             let mut st = State::new(max_datagram, data);
             for _ in 0..rq_depth {
@@ -159,7 +160,17 @@ impl UdTransport {
     /// `Protocol` when the listener is not a UD one; `Config` when the transport holds
     /// 65,536 sessions already.
     pub fn connect(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
-        crate::exchange::connect(&self.u, resolve(addr)?)
+        self.connect_with(addr, &[])
+    }
+
+    /// [`connect`](Self::connect), sending `data` with the connection (at most 4 KiB; the
+    /// accepted endpoint shows it as its [`Endpoint::peer_data`]).
+    ///
+    /// # Errors
+    /// As `connect`; `InvalidArgument` for more than 4 KiB.
+    pub fn connect_with(&self, addr: impl ToSocketAddrs, data: &[u8]) -> Result<Endpoint> {
+        check_data(data)?;
+        crate::exchange::connect(&self.u, resolve(addr)?, data)
     }
 
     /// Starts accepting UD endpoints on `addr`.
@@ -204,8 +215,8 @@ impl UdTransport {
             }
         };
         let r = (|| {
-            let a_half = peer_half(&self.u.describe(&a)?)?;
-            let b_half = peer_half(&peer.u.describe(&b)?)?;
+            let a_half = peer_half(&self.u.describe(&a, Vec::new())?)?;
+            let b_half = peer_half(&peer.u.describe(&b, Vec::new())?)?;
             let ea = self.u.open(a, &b_half)?;
             let eb = peer.u.open(b, &a_half)?;
             Ok((ea, eb))
@@ -227,7 +238,30 @@ pub struct Listener {
     exchanges: Arc<crate::exchange::Exchanges>,
 }
 
+/// Connection data within its limit.
+fn check_data(data: &[u8]) -> Result<()> {
+    if data.len() > bootstrap::MAX_APP_DATA {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes of connection data; at most {} go with a connection",
+            data.len(),
+            bootstrap::MAX_APP_DATA
+        )));
+    }
+    Ok(())
+}
+
 impl Listener {
+    /// Sets the connection data this transport's listeners answer with from now on (at
+    /// most 4 KiB): connecting endpoints see it as their [`Endpoint::peer_data`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` for more than 4 KiB.
+    pub fn set_accept_data(&self, data: &[u8]) -> Result<()> {
+        check_data(data)?;
+        *self.t.u.sh.accept_data.lock() = data.to_vec();
+        Ok(())
+    }
+
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local

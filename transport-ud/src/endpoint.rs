@@ -19,9 +19,15 @@ pub struct Endpoint {
     pub(crate) key: usize,
     pub(crate) id: u64,
     pub(crate) peer: SocketAddr,
+    pub(crate) peer_data: std::sync::Arc<[u8]>,
 }
 
 impl Endpoint {
+    /// The connection data the peer sent with its connect or accept (empty if none).
+    pub fn peer_data(&self) -> std::sync::Arc<[u8]> {
+        std::sync::Arc::clone(&self.peer_data)
+    }
+
     /// The worker the endpoint runs on (for its send batches:
     /// [`Worker::batch`](rdmx_core::worker::Worker::batch)).
     pub fn worker(&self) -> &rdmx_core::worker::Worker {

@@ -28,12 +28,13 @@ fn deadline(u: &UdRef) -> Instant {
 }
 
 /// The connecting side.
-pub(crate) fn connect(u: &UdRef, addr: SocketAddr) -> Result<Endpoint> {
+pub(crate) fn connect(u: &UdRef, addr: SocketAddr, data: &[u8]) -> Result<Endpoint> {
     let deadline = deadline(u);
     let mut stream = bootstrap::connect(addr, deadline)?;
     let h = u.reserve()?;
     let r = (|| {
-        bootstrap::send_frame(&mut stream, &Frame::Hello(u.describe(&h)?), deadline)?;
+        let hello = Frame::Hello(u.describe(&h, data.to_vec())?);
+        bootstrap::send_frame(&mut stream, &hello, deadline)?;
         let info = bootstrap::expect_accept(&mut stream, deadline)?;
         let peer = peer_half(&info)?;
         u.open(h, &peer)
@@ -62,7 +63,8 @@ fn answer(u: &UdRef, mut stream: TcpStream, deadline: Instant) -> Result<Endpoin
         }
     };
     let r = (|| {
-        let mine = u.describe(&h)?;
+        let data = u.sh.accept_data.lock().clone();
+        let mine = u.describe(&h, data)?;
         let ep = u.open(h, &peer)?;
         bootstrap::send_frame(&mut stream, &Frame::Accept(mine), deadline)?;
         Ok(ep)

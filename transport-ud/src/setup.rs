@@ -42,6 +42,8 @@ pub(crate) struct PeerHalf {
     pub(crate) window: u32,
     pub(crate) mtu: usize,
     pub(crate) max_message: usize,
+    /// Its connection data.
+    pub(crate) data: Arc<[u8]>,
 }
 
 impl UdRef {
@@ -80,7 +82,7 @@ impl UdRef {
     }
 
     /// Our side, for the peer.
-    pub(crate) fn describe(&self, h: &Half) -> Result<EndpointInfo> {
+    pub(crate) fn describe(&self, h: &Half, app_data: Vec<u8>) -> Result<EndpointInfo> {
         let sh = &self.sh;
         let gid = sh.vctx.query_gid(1, 0)?;
         Ok(EndpointInfo {
@@ -108,6 +110,7 @@ impl UdRef {
             xrc_target_alt: None,
             xrc_in_use: None,
             token: h.token,
+            app_data,
         })
     }
 
@@ -171,6 +174,7 @@ impl UdRef {
             key: h.key,
             id,
             peer: peer.addr,
+            peer_data: Arc::clone(&peer.data),
         })
     }
 }
@@ -215,5 +219,6 @@ pub(crate) fn peer_half(info: &EndpointInfo) -> Result<PeerHalf> {
         window: info.credits,
         mtu,
         max_message: usize::try_from(info.max_message).unwrap_or(usize::MAX),
+        data: info.app_data.as_slice().into(),
     })
 }

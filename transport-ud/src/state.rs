@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     /// This transport's address (its device port), for peers.
     pub(crate) addr: SocketAddr,
     pub(crate) cfg: Config,
+    /// The connection data this transport's listeners answer with.
+    pub(crate) accept_data: parking_lot::Mutex<Vec<u8>>,
 }
 
 /// One peer: its session, where it is, and who waits on it.

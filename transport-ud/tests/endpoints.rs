@@ -207,6 +207,7 @@ fn a_listener_refuses_other_transports_and_garbage_and_goes_on() {
         xrc_target_alt: None,
         xrc_in_use: None,
         token: 0,
+        app_data: Vec::new(),
     };
     bootstrap::send_frame(&mut s, &Frame::Hello(rc), deadline).unwrap();
     match bootstrap::recv_frame(&mut s, deadline) {

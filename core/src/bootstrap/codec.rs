@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x07\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x08\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -263,17 +263,17 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v8 = header(8, 5);
+        let v9 = header(9, 5);
         assert!(matches!(
-            decode(&v8[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 7, theirs: 8 })
+            decode(&v9[..6]),
+            Err(BootstrapError::VersionMismatch { ours: 8, theirs: 9 })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v8[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v9[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v8).unwrap(),
+            decode_header(&v9).unwrap(),
             Some(Header {
-                version: 8,
+                version: 9,
                 payload_len: 5
             })
         );
@@ -391,12 +391,14 @@ mod tests {
                 proptest::option::of(0..=MAX_24BIT),
                 any::<u32>(),
             ),
+            proptest::collection::vec(any::<u8>(), 0..300),
         )
             .prop_map(
                 |(
                     (transport, qpn, psn, mtu, primary, alternate, srq_nums),
                     (credits, mailbox_addr, mailbox_rkey, max_message, eager_limit, context_id),
                     (node_id, tag, xrc_target, xrc_target_path, xrc_target_alt, xrc_in_use, token),
+                    app_data,
                 )| EndpointInfo {
                     transport,
                     qpn,
@@ -418,6 +420,7 @@ mod tests {
                     xrc_target_alt,
                     xrc_in_use,
                     token,
+                    app_data,
                 },
             )
     }

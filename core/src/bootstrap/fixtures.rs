@@ -36,6 +36,7 @@ pub(super) fn rc_info() -> EndpointInfo {
         xrc_target_alt: None,
         xrc_in_use: Some(7),
         token: 0,
+        app_data: b"role=leader".to_vec(),
     }
 }
 

@@ -79,8 +79,9 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, Transport,
 /// version 4 peer would take for a request. Version 6: a recall word may say that the
 /// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
 /// counter used before). Version 7: UD endpoints (`Transport::Ud`) and the session
-/// token (`EndpointInfo::token`), a field a version 6 peer would not decode.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// token (`EndpointInfo::token`), a field a version 6 peer would not decode. Version 8: the
+/// application's connection data (`EndpointInfo::app_data`).
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";
@@ -93,6 +94,9 @@ pub const HEADER_LEN: usize = 10;
 /// A header announcing more is refused with [`BootstrapError::TooLarge`] before any of the
 /// payload is read.
 pub const MAX_FRAME: u32 = 64 * 1024;
+
+/// The most connection data ([`EndpointInfo::app_data`]) an endpoint carries.
+pub const MAX_APP_DATA: usize = 4096;
 
 /// The longest reason [`reject`] sends, in bytes; longer reasons are cut at a character
 /// boundary.

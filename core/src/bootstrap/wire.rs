@@ -8,7 +8,9 @@ use std::io;
 use serde::de::{SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{HEADER_LEN, MAX_24BIT, MAX_CREDITS, MAX_FRAME, MAX_SRQ_NUMS, VALID_MTUS};
+use super::{
+    HEADER_LEN, MAX_24BIT, MAX_APP_DATA, MAX_CREDITS, MAX_FRAME, MAX_SRQ_NUMS, VALID_MTUS,
+};
 
 /// How a path is reached: what a peer needs to build an address vector towards us.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +90,12 @@ pub struct EndpointInfo {
     /// UD: the token the peer's datagrams to this side's session must carry (0 for RC and
     /// XRC).
     pub token: u32,
+    /// The application's connection data (a role, a node id: what `rdma_cm` calls private
+    /// data), at most [`MAX_APP_DATA`] bytes; the peer's endpoint shows it.
+    ///
+    /// [`MAX_APP_DATA`]: super::MAX_APP_DATA
+    #[serde(deserialize_with = "deserialize_bytes_cautiously")]
+    pub app_data: Vec<u8>,
 }
 
 /// One message of the bootstrap exchange.
@@ -133,6 +141,35 @@ where
     }
 
     deserializer.deserialize_seq(CautiousU32s)
+}
+
+/// Deserializes a `Vec<u8>` without trusting the announced length: at most
+/// [`MAX_APP_DATA`] bytes are reserved up front (see [`deserialize_u32s_cautiously`]).
+fn deserialize_bytes_cautiously<'de, D>(deserializer: D) -> Result<Vec<u8>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    /// Visits a sequence of `u8`.
+    struct CautiousBytes;
+
+    impl<'de> Visitor<'de> for CautiousBytes {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sequence of bytes")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let reserve = seq.size_hint().unwrap_or(0).min(MAX_APP_DATA);
+            let mut out = Vec::with_capacity(reserve);
+            while let Some(value) = seq.next_element()? {
+                out.push(value);
+            }
+            Ok(out)
+        }
+    }
+
+    deserializer.deserialize_seq(CautiousBytes)
 }
 
 /// Errors of the bootstrap exchange.
@@ -268,6 +305,12 @@ pub fn validate(info: &EndpointInfo) -> Result<(), BootstrapError> {
             info.srq_nums.len()
         ));
     }
+    if info.app_data.len() > MAX_APP_DATA {
+        return invalid(format!(
+            "{} bytes of connection data, more than {MAX_APP_DATA}",
+            info.app_data.len()
+        ));
+    }
     if let Some(srq) = info.srq_nums.iter().find(|&&srq| srq > MAX_24BIT) {
         return invalid(format!("SRQ number {srq:#x} does not fit in 24 bits"));
     }
@@ -303,6 +346,26 @@ fn validate_path(which: &str, path: &PathInfo) -> Result<(), BootstrapError> {
 mod tests {
     use super::*;
     use crate::bootstrap::fixtures::{path, rc_info, xrc_info};
+
+    #[test]
+    fn connection_data_is_bounded_and_decoded_without_trusting_its_length() {
+        let most = EndpointInfo {
+            app_data: vec![7; MAX_APP_DATA],
+            ..rc_info()
+        };
+        validate(&most).unwrap();
+        let over = EndpointInfo {
+            app_data: vec![7; MAX_APP_DATA + 1],
+            ..rc_info()
+        };
+        assert!(matches!(validate(&over), Err(BootstrapError::Invalid(_))));
+        // A frame whose data length claims 2^60 bytes is refused, not allocated.
+        let mut bytes = crate::bootstrap::encode(&Frame::Hello(rc_info()));
+        let n = rc_info().app_data.len();
+        let at = bytes.len() - n - 8;
+        bytes[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+        assert!(crate::bootstrap::decode(&bytes).is_err());
+    }
 
     #[test]
     fn valid_information_passes() {
