@@ -4,7 +4,7 @@
 //! | Builder method | Variable | Default |
 //! |---|---|---|
 //! | `device` | `RDMX_DEVICE` | `soft:127.0.0.1` |
-//! | `transport` | `RDMX_TRANSPORT` (`rc`, `xrc`) | `rc` |
+//! | `transport` | `RDMX_TRANSPORT` (`rc`, `xrc`, `ud`) | `rc` |
 //! | `inline_threshold` | `RDMX_INLINE_THRESHOLD` | 188 bytes (capped by the device) |
 //! | `rndv_threshold` | `RDMX_RNDV_THRESHOLD` | 32768 bytes |
 //! | `credits` | `RDMX_CREDITS` | 32 per endpoint |

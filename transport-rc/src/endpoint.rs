@@ -288,7 +288,8 @@ impl Endpoint {
     /// The next message already received, without making progress (no look at the device):
     /// for a loop that answers what came in and sends its answers before it looks again
     /// (a receive, even one that may not wait, polls the device first). `None` when no
-    /// message is queued, and when the endpoint is down (a receive then says why).
+    /// message is queued; messages that came before the endpoint went down are still
+    /// given (a receive says why it is down once they are taken).
     pub fn try_take(&self) -> Option<Message> {
         self.rc
             .with(|sh, st, cx| self.take_message(sh, st, cx))
