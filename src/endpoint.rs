@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmx_core::{Buf, DisconnectCause, Error, Message, Result};
+use rdmx_core::{Buf, DisconnectCause, Error, Message, Result, SharedBuf};
 use rdmx_rc::{PendingOp, RemoteRegion};
 use rdmx_verbs::SharedBytes;
 
@@ -140,6 +140,52 @@ impl Endpoint {
         match &*self.0 {
             Inner::Rc(e) => e.send_buf_timeout(buf, timeout),
             Inner::Ud(e) => e.send_timeout(&buf, timeout),
+        }
+    }
+
+    /// Sends a buffer several sends share (RC: read in place by each peer when large, no
+    /// copy; UD: copied into its session). See [`rdmx_rc::Endpoint::send_shared_buf`].
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_shared_buf(&self, buf: &SharedBuf) -> Result<()> {
+        match &*self.0 {
+            Inner::Rc(e) => e.send_shared_buf(buf),
+            Inner::Ud(e) => e.send(buf),
+        }
+    }
+
+    /// [`send_shared_buf`](Self::send_shared_buf), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `send_shared_buf`; `Timeout`.
+    pub fn send_shared_buf_timeout(&self, buf: &SharedBuf, timeout: Duration) -> Result<()> {
+        match &*self.0 {
+            Inner::Rc(e) => e.send_shared_buf_timeout(buf, timeout),
+            Inner::Ud(e) => e.send_timeout(buf, timeout),
+        }
+    }
+
+    /// Sends the slices of `parts` as one message without joining them first (RC: copied
+    /// once into what carries it; UD: joined, then sent).
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_parts(&self, parts: &[&[u8]]) -> Result<()> {
+        match &*self.0 {
+            Inner::Rc(e) => e.send_parts(parts),
+            Inner::Ud(e) => e.send(&parts.concat()),
+        }
+    }
+
+    /// [`send_parts`](Self::send_parts), waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// As `send_parts`; `Timeout`.
+    pub fn send_parts_timeout(&self, parts: &[&[u8]], timeout: Duration) -> Result<()> {
+        match &*self.0 {
+            Inner::Rc(e) => e.send_parts_timeout(parts, timeout),
+            Inner::Ud(e) => e.send_timeout(&parts.concat(), timeout),
         }
     }
 

@@ -33,6 +33,7 @@ pub use rdmx_core as core;
 pub use rdmx_core::bootstrap::Transport;
 pub use rdmx_core::{
     Arrival, Buf, Config, DisconnectCause, Error, Event, PoolStats, RegCacheStats, Result,
+    SharedBuf,
 };
 pub use rdmx_rpc as rpc;
 mod context;

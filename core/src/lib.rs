@@ -34,6 +34,6 @@ pub mod worker;
 pub use config::{Config, ConfigBuilder};
 pub use error::{Error, Result};
 pub use event::{DisconnectCause, Event};
-pub use pool::{Buf, BufferPool, PoolStats};
+pub use pool::{Buf, BufferPool, PoolStats, SharedBuf};
 pub use regcache::{RegCache, RegCacheStats, Registered};
 pub use worker::{Arrival, Message, Worker};

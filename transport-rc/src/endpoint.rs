@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmx_core::worker::Cx;
-use rdmx_core::{Buf, DisconnectCause, Error, Result};
+use rdmx_core::{Buf, DisconnectCause, Error, Result, SharedBuf};
 use rdmx_verbs::{MemoryRegion, SharedBytes};
 
 use rdmx_core::Message;
@@ -234,6 +234,43 @@ impl Endpoint {
     /// `send_shared`.
     pub fn try_send_shared(&self, data: &SharedBytes) -> Result<()> {
         self.send_payload(Payload::Shared(data.clone()), None, false)
+    }
+
+    /// Sends a buffer several sends share ([`SharedBuf`]: a pooled buffer or a received
+    /// message made shareable) without copying it when it is large: each peer reads it
+    /// where it is, and the buffer goes back to the pool once the last send is done and
+    /// the last clone dropped. Send the same `SharedBuf` on several endpoints to fan a
+    /// message out with no copy. Small buffers are copied as `send` copies.
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_shared_buf(&self, buf: &SharedBuf) -> Result<()> {
+        self.send_payload(Payload::SharedBuf(buf.clone()), None, true)
+    }
+
+    /// [`send_shared_buf`](Self::send_shared_buf) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// As `send`, plus `Timeout`.
+    pub fn send_shared_buf_timeout(&self, buf: &SharedBuf, timeout: Duration) -> Result<()> {
+        self.send_payload(Payload::SharedBuf(buf.clone()), Some(timeout), true)
+    }
+
+    /// Sends the slices of `parts` as one message (a header and a payload, say) without
+    /// joining them first: they are copied once, straight into what carries the message.
+    ///
+    /// # Errors
+    /// As `send`.
+    pub fn send_parts(&self, parts: &[&[u8]]) -> Result<()> {
+        self.send_payload(Payload::Parts(parts), None, true)
+    }
+
+    /// [`send_parts`](Self::send_parts) giving up after `timeout`.
+    ///
+    /// # Errors
+    /// As `send`, plus `Timeout`.
+    pub fn send_parts_timeout(&self, parts: &[&[u8]], timeout: Duration) -> Result<()> {
+        self.send_payload(Payload::Parts(parts), Some(timeout), true)
     }
 
     // ------------------------------------------------------------------ receiving

@@ -244,6 +244,9 @@ pub(crate) enum RndvSrc {
     /// Application bytes through the registration cache (`send_shared`).
     #[allow(dead_code)]
     Shared(rdmx_core::Registered),
+    /// A clone of a pooled buffer several sends share (`send_shared_buf`).
+    #[allow(dead_code)]
+    SharedBuf(rdmx_core::SharedBuf),
 }
 
 impl Ep {

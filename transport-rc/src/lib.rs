@@ -68,6 +68,7 @@ pub use context::{Context, ContextBuilder, ContextParts, FromParts, MAX_ENDPOINT
 pub use endpoint::{Endpoint, LocalRegion, RemoteRegion};
 pub use node::Node;
 pub use ops::{OpOutput, PendingOp};
+pub use rdmx_core::SharedBuf;
 pub use rdmx_core::worker::{Batch, IntoBufError, MAX_EVENTS, Message};
 pub use rdmx_verbs::SharedBytes;
 pub use state::Stats;

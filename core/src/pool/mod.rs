@@ -12,6 +12,9 @@
 
 mod raw;
 
+mod shared;
+pub use shared::SharedBuf;
+
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -77,6 +77,16 @@ impl Message {
         matches!(self.payload, Some(Body::Owned(_)))
     }
 
+    /// The payload as a buffer several sends may share ([`SharedBuf`]): forwarded to
+    /// several endpoints, a rendezvous message is read by each peer from where it arrived,
+    /// with no copy (see [`into_buf`](Self::into_buf) for which messages are copied once).
+    ///
+    /// # Errors
+    /// As `into_buf`, with the message handed back.
+    pub fn into_shared(self) -> Result<crate::SharedBuf, Box<IntoBufError>> {
+        self.into_buf().map(crate::SharedBuf::from)
+    }
+
     /// The payload as an owned buffer. For a rendezvous message this is the buffer itself
     /// (no copy); an eager or packed message is copied, so that its receive buffer can go
     /// back at once.

@@ -8,7 +8,7 @@ use rdmx_core::header::{
 };
 use rdmx_core::pool::PostKey;
 use rdmx_core::worker::Cx;
-use rdmx_core::{Buf, DisconnectCause, Error, Result};
+use rdmx_core::{Buf, DisconnectCause, Error, Result, SharedBuf};
 use rdmx_verbs::{Clock, SendFlags, SendWr, SharedBytes, WrOpcode};
 
 use crate::ep::{Ep, Hold, OpSource, RndvSrc, Status, wrid};
@@ -40,18 +40,55 @@ pub(crate) enum Payload<'a> {
     /// Application bytes sent from where they are (zero copy through the registration
     /// cache when large).
     Shared(SharedBytes),
+    /// A pooled buffer several sends share (read in place when large).
+    SharedBuf(SharedBuf),
+    /// Slices sent as one message, copied once into what carries it.
+    Parts(&'a [&'a [u8]]),
 }
 
 impl Payload<'_> {
     fn len(&self) -> usize {
-        self.bytes().len()
+        match self {
+            Self::Parts(p) => p.iter().map(|s| s.len()).sum(),
+            other => other.contiguous().map_or(0, <[u8]>::len),
+        }
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The bytes, when they are in one piece (all but `Parts`).
+    fn contiguous(&self) -> Option<&[u8]> {
         match self {
-            Self::Bytes(b) => b,
-            Self::Buf(b) => b,
-            Self::Shared(b) => b,
+            Self::Bytes(b) => Some(b),
+            Self::Buf(b) => Some(b),
+            Self::Shared(b) => Some(b),
+            Self::SharedBuf(b) => Some(b),
+            Self::Parts(_) => None,
+        }
+    }
+
+    /// Copies the bytes into `dst` (exactly `len()` long).
+    fn copy_to(&self, dst: &mut [u8]) {
+        match (self, self.contiguous()) {
+            (_, Some(b)) => dst.copy_from_slice(b),
+            (Self::Parts(parts), None) => {
+                let mut at = 0;
+                for p in *parts {
+                    dst[at..at + p.len()].copy_from_slice(p);
+                    at += p.len();
+                }
+            }
+            (_, None) => {}
+        }
+    }
+
+    /// The bytes in one piece: borrowed, or for `Parts` joined (the small sends only).
+    fn joined(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.contiguous() {
+            Some(b) => std::borrow::Cow::Borrowed(b),
+            None => {
+                let mut v = vec![0; self.len()];
+                self.copy_to(&mut v);
+                std::borrow::Cow::Owned(v)
+            }
         }
     }
 }
@@ -81,7 +118,7 @@ impl Shared {
         // Inside a send batch, small messages share packed frames.
         if len <= self.inline_max
             && cx.worker().batch_open()
-            && self.pack(st, cx, k, payload.bytes())?
+            && self.pack(st, cx, k, &payload.joined())?
         {
             return Ok(None);
         }
@@ -105,7 +142,7 @@ impl Shared {
         // Inline only what fits the peer's receive buffers (its eager limit may be below
         // our inline threshold).
         if len <= self.inline_max && len < eager_limit {
-            self.send_inline(st, k, payload.bytes(), cx.worker().clock())?;
+            self.send_inline(st, k, &payload.joined(), cx.worker().clock())?;
             Ok(None)
         } else if len < eager_limit {
             self.send_eager(st, k, payload, cx.worker().clock())
@@ -237,7 +274,7 @@ impl Shared {
         let ep = &mut st.eps[k];
         let hdr = Self::next_header(ep, Kind::Data, len);
         hdr.write(&mut b);
-        b[HEADER_LEN..].copy_from_slice(payload.bytes());
+        payload.copy_to(&mut b[HEADER_LEN..]);
         spend_credit(ep, clock);
         post_on(
             ep,
@@ -281,12 +318,17 @@ impl Shared {
                 RndvSrc::Buf(b)
             }
             Payload::Shared(b) => RndvSrc::Shared(self.regcache.register(&b)?),
+            Payload::SharedBuf(b)
+                if b.buf().capacity() >= self.cfg.rndv_threshold && self.pool.owns(b.buf()) =>
+            {
+                RndvSrc::SharedBuf(b)
+            }
             // A copy, in a buffer the peer may read: from the classes at or above our own
             // threshold, also when the peer's lower eager limit made this a rendezvous.
             other => match self.pool.try_alloc(len.max(self.cfg.rndv_threshold)) {
                 Ok(mut b) => {
                     b.set_len(len)?;
-                    b.copy_from_slice(other.bytes());
+                    other.copy_to(&mut b);
                     RndvSrc::Buf(b)
                 }
                 Err(Error::WouldBlock) => return Ok(Some(other)),
@@ -296,6 +338,7 @@ impl Shared {
         let (src_addr, src_rkey) = match &src {
             RndvSrc::Buf(b) => (b.addr(), b.rkey(self.post_key).0),
             RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
+            RndvSrc::SharedBuf(b) => (b.buf().addr(), b.buf().rkey(self.post_key).0),
         };
         let zero_copy = matches!(src, RndvSrc::Shared(_));
         let ep = &mut st.eps[k];
