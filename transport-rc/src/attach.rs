@@ -282,7 +282,7 @@ impl Listener {
     /// # Errors
     /// `InvalidArgument` for more than 4 KiB.
     pub fn set_accept_data(&self, data: &[u8]) -> Result<()> {
-        crate::conn::check_data(data)?;
+        bootstrap::check_app_data(data)?;
         *self.rc.rc.sh.accept_data.lock() = data.to_vec();
         Ok(())
     }

@@ -16,7 +16,7 @@ use crate::state::RcRef;
 /// The connecting side.
 pub(crate) fn connect(rc: &RcRef, addr: SocketAddr, data: &[u8]) -> Result<Established> {
     let sh = &*rc.sh;
-    check_data(data)?;
+    bootstrap::check_app_data(data)?;
     let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
     if sh.node.is_some() {
         return connect_xrc(rc, addr, deadline, data);
@@ -39,18 +39,6 @@ pub(crate) fn connect(rc: &RcRef, addr: SocketAddr, data: &[u8]) -> Result<Estab
 /// The connecting side of an XRC endpoint: the exchange, tried again after a short random
 /// pause while the listener declines because its context is busy with another exchange
 /// ([`bootstrap::REJECT_BUSY`]).
-/// Connection data within its limit.
-pub(crate) fn check_data(data: &[u8]) -> Result<()> {
-    if data.len() > bootstrap::MAX_APP_DATA {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of connection data; at most {} go with a connection",
-            data.len(),
-            bootstrap::MAX_APP_DATA
-        )));
-    }
-    Ok(())
-}
-
 fn connect_xrc(
     rc: &RcRef,
     addr: SocketAddr,

@@ -169,7 +169,7 @@ impl UdTransport {
     /// # Errors
     /// As `connect`; `InvalidArgument` for more than 4 KiB.
     pub fn connect_with(&self, addr: impl ToSocketAddrs, data: &[u8]) -> Result<Endpoint> {
-        check_data(data)?;
+        bootstrap::check_app_data(data)?;
         crate::exchange::connect(&self.u, resolve(addr)?, data)
     }
 
@@ -238,18 +238,6 @@ pub struct Listener {
     exchanges: Arc<crate::exchange::Exchanges>,
 }
 
-/// Connection data within its limit.
-fn check_data(data: &[u8]) -> Result<()> {
-    if data.len() > bootstrap::MAX_APP_DATA {
-        return Err(Error::InvalidArgument(format!(
-            "{} bytes of connection data; at most {} go with a connection",
-            data.len(),
-            bootstrap::MAX_APP_DATA
-        )));
-    }
-    Ok(())
-}
-
 impl Listener {
     /// Sets the connection data this transport's listeners answer with from now on (at
     /// most 4 KiB): connecting endpoints see it as their [`Endpoint::peer_data`].
@@ -257,7 +245,7 @@ impl Listener {
     /// # Errors
     /// `InvalidArgument` for more than 4 KiB.
     pub fn set_accept_data(&self, data: &[u8]) -> Result<()> {
-        check_data(data)?;
+        bootstrap::check_app_data(data)?;
         *self.t.u.sh.accept_data.lock() = data.to_vec();
         Ok(())
     }

@@ -98,6 +98,20 @@ pub const MAX_FRAME: u32 = 64 * 1024;
 /// The most connection data ([`EndpointInfo::app_data`]) an endpoint carries.
 pub const MAX_APP_DATA: usize = 4096;
 
+/// Checks connection data an application hands to a connect or a listener.
+///
+/// # Errors
+/// `InvalidArgument` for more than [`MAX_APP_DATA`] bytes.
+pub fn check_app_data(data: &[u8]) -> crate::Result<()> {
+    if data.len() > MAX_APP_DATA {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{} bytes of connection data; at most {MAX_APP_DATA} go with a connection",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The longest reason [`reject`] sends, in bytes; longer reasons are cut at a character
 /// boundary.
 pub const MAX_REJECT_REASON: usize = 1024;

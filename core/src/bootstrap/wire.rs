@@ -120,56 +120,47 @@ fn deserialize_u32s_cautiously<'de, D>(deserializer: D) -> Result<Vec<u32>, D::E
 where
     D: Deserializer<'de>,
 {
-    /// Visits a sequence of `u32`.
-    struct CautiousU32s;
-
-    impl<'de> Visitor<'de> for CautiousU32s {
-        type Value = Vec<u32>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a sequence of u32")
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u32>, A::Error> {
-            let reserve = seq.size_hint().unwrap_or(0).min(MAX_SRQ_NUMS);
-            let mut out = Vec::with_capacity(reserve);
-            while let Some(value) = seq.next_element()? {
-                out.push(value);
-            }
-            Ok(out)
-        }
-    }
-
-    deserializer.deserialize_seq(CautiousU32s)
+    deserializer.deserialize_seq(Cautious::<u32>::up_to(MAX_SRQ_NUMS))
 }
 
-/// Deserializes a `Vec<u8>` without trusting the announced length: at most
-/// [`MAX_APP_DATA`] bytes are reserved up front (see [`deserialize_u32s_cautiously`]).
+/// Deserializes a `Vec<u8>` the same way, reserving at most [`MAX_APP_DATA`] bytes.
 fn deserialize_bytes_cautiously<'de, D>(deserializer: D) -> Result<Vec<u8>, D::Error>
 where
     D: Deserializer<'de>,
 {
-    /// Visits a sequence of `u8`.
-    struct CautiousBytes;
+    deserializer.deserialize_seq(Cautious::<u8>::up_to(MAX_APP_DATA))
+}
 
-    impl<'de> Visitor<'de> for CautiousBytes {
-        type Value = Vec<u8>;
+/// Visits a sequence of `T`, reserving at most `cap` elements before they are decoded.
+struct Cautious<T> {
+    cap: usize,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
 
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a sequence of bytes")
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-            let reserve = seq.size_hint().unwrap_or(0).min(MAX_APP_DATA);
-            let mut out = Vec::with_capacity(reserve);
-            while let Some(value) = seq.next_element()? {
-                out.push(value);
-            }
-            Ok(out)
+impl<T> Cautious<T> {
+    fn up_to(cap: usize) -> Self {
+        Self {
+            cap,
+            _t: std::marker::PhantomData,
         }
     }
+}
 
-    deserializer.deserialize_seq(CautiousBytes)
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Cautious<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a sequence of {}", std::any::type_name::<T>())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let reserve = seq.size_hint().unwrap_or(0).min(self.cap);
+        let mut out = Vec::with_capacity(reserve);
+        while let Some(value) = seq.next_element()? {
+            out.push(value);
+        }
+        Ok(out)
+    }
 }
 
 /// Errors of the bootstrap exchange.
