@@ -77,7 +77,7 @@ impl Message {
         matches!(self.payload, Some(Body::Owned(_)))
     }
 
-    /// The payload as a buffer several sends may share ([`SharedBuf`]): forwarded to
+    /// The payload as a buffer several sends may share ([`SharedBuf`](crate::SharedBuf)): forwarded to
     /// several endpoints, a rendezvous message is read by each peer from where it arrived,
     /// with no copy (see [`into_buf`](Self::into_buf) for which messages are copied once).
     ///

@@ -73,6 +73,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_loopback_port_reports_the_loopback_mtu() {
+        // 127.0.0.2 has no interface address of its own; it is on `lo` (127.0.0.1/8), and
+        // reports what 127.0.0.1 does (it reported the 1024 fallback).
+        let one = crate::Device::open("soft:127.0.0.1,127.0.0.2").unwrap();
+        let (a, b) = (one.query_port(1).unwrap(), one.query_port(2).unwrap());
+        assert_eq!(a.active_mtu, b.active_mtu);
+    }
+
+    #[test]
     fn names() {
         assert_eq!(parse_name("soft:127.0.0.1").unwrap()[0].port(), 0);
         assert_eq!(parse_name("soft:127.0.0.1:4791").unwrap()[0].port(), 4791);

@@ -360,51 +360,87 @@ pub(crate) fn interface_link_down(name: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The name of the network interface that owns `ip` (from getifaddrs), if any.
+/// A sockaddr of the list getifaddrs returned, copied out (`None`: null, or a family other
+/// than IPv4 and IPv6).
+fn ifaddr_ip(sa: *const libc::sockaddr) -> Option<std::net::IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: `sa` points at a sockaddr of the getifaddrs list (alive until freeifaddrs),
+    // whose family says how to read it.
+    let family = libc::c_int::from(unsafe { (*sa).sa_family });
+    let len = match family {
+        libc::AF_INET => size_of::<libc::sockaddr_in>(),
+        libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
+        _ => return None,
+    };
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for `len` bytes (the family's size, at most the
+    // storage's) and do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(sa.cast::<u8>(), (&raw mut ss).cast::<u8>(), len);
+    }
+    sockaddr_to_std(&ss).map(|a| a.ip())
+}
+
+/// Whether `ip` is in the subnet of `addr` with `mask` (both of its family).
+fn in_subnet(ip: std::net::IpAddr, addr: std::net::IpAddr, mask: std::net::IpAddr) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    match (ip, addr, mask) {
+        (V4(i), V4(a), V4(m)) => {
+            let m = u32::from(m);
+            m != 0 && u32::from(i) & m == u32::from(a) & m
+        }
+        (V6(i), V6(a), V6(m)) => {
+            let m = u128::from(m);
+            m != 0 && u128::from(i) & m == u128::from(a) & m
+        }
+        _ => false,
+    }
+}
+
+/// The name of the network interface that owns `ip` (from getifaddrs), if any: the one
+/// with that very address, else the one whose subnet holds it (127.0.0.2 is on `lo`, whose
+/// address is 127.0.0.1/8).
 pub(crate) fn interface_of(ip: std::net::IpAddr) -> Option<String> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
         return None;
     }
-    let mut name = None;
+    let mut exact = None;
+    let mut subnet = None;
     let mut cur = head;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
         let ifa = unsafe { &*cur };
-        if !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr points at a sockaddr whose family says how to read it; we copy
-            // it into a sockaddr_storage-sized buffer only as far as its family's size.
-            let family = libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family });
-            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            let len = match family {
-                libc::AF_INET => size_of::<libc::sockaddr_in>(),
-                libc::AF_INET6 => size_of::<libc::sockaddr_in6>(),
-                _ => 0,
-            };
-            if len > 0 {
-                // SAFETY: both pointers are valid for `len` bytes and do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        ifa.ifa_addr.cast::<u8>(),
-                        (&raw mut ss).cast::<u8>(),
-                        len,
-                    );
-                }
-                if sockaddr_to_std(&ss).is_some_and(|a| a.ip() == ip) && !ifa.ifa_name.is_null() {
-                    // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-                    let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-                    name = Some(n.to_string_lossy().into_owned());
-                    break;
-                }
-            }
-        }
         cur = ifa.ifa_next;
+        if ifa.ifa_name.is_null() {
+            continue;
+        }
+        let Some(addr) = ifaddr_ip(ifa.ifa_addr) else {
+            continue;
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = || {
+            unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        if addr == ip {
+            exact = Some(name());
+            break;
+        }
+        if subnet.is_none() && ifaddr_ip(ifa.ifa_netmask).is_some_and(|m| in_subnet(ip, addr, m)) {
+            subnet = Some(name());
+        }
     }
     // SAFETY: `head` came from a successful getifaddrs and is freed exactly once.
     unsafe { libc::freeifaddrs(head) };
-    name.filter(|n| !n.contains('/') && !n.contains(".."))
+    exact
+        .or(subnet)
+        .filter(|n| !n.contains('/') && !n.contains(".."))
 }
 
 /// The process id of the peer of a connected Unix socket (`SO_PEERCRED`), as the kernel
@@ -499,7 +535,23 @@ pub(crate) fn recv_dontwait(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usiz
 
 #[cfg(test)]
 mod tests {
-    use super::Ptracer;
+    use super::{Ptracer, in_subnet, interface_of};
+
+    #[test]
+    fn an_address_without_an_interface_of_its_own_is_on_its_subnets() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(in_subnet(ip("127.0.0.2"), ip("127.0.0.1"), ip("255.0.0.0")));
+        assert!(!in_subnet(ip("10.0.0.2"), ip("127.0.0.1"), ip("255.0.0.0")));
+        assert!(!in_subnet(ip("127.0.0.2"), ip("127.0.0.1"), ip("0.0.0.0")));
+        assert!(in_subnet(ip("fd00::5"), ip("fd00::1"), ip("ffff:ffff::")));
+        assert!(!in_subnet(ip("fd00::5"), ip("127.0.0.1"), ip("255.0.0.0")));
+        // Loopback: 127.0.0.2 is served by the interface of 127.0.0.1 (its MTU was taken for
+        // 1024, the fallback, when only an exact address counted).
+        if let Some(lo) = interface_of(ip("127.0.0.1")) {
+            assert_eq!(interface_of(ip("127.0.0.2")), Some(lo.clone()));
+            assert_eq!(interface_of(ip("127.9.8.7")), Some(lo));
+        }
+    }
 
     #[test]
     fn ptracer_allows_the_one_host_and_widens_only_when_needed() {
