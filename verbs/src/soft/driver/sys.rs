@@ -422,11 +422,11 @@ pub(crate) fn interface_of(ip: std::net::IpAddr) -> Option<String> {
         let Some(addr) = ifaddr_ip(ifa.ifa_addr) else {
             continue;
         };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
         let name = || {
-            unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-                .to_string_lossy()
-                .into_owned()
+            // SAFETY: ifa_name is a non-null (checked above), NUL-terminated string owned
+            // by the list, alive until freeifaddrs.
+            let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            n.to_string_lossy().into_owned()
         };
         if addr == ip {
             exact = Some(name());
