@@ -66,6 +66,27 @@ impl Qp {
                     reason: "the alternate destination must be a unicast GID".into(),
                 });
             }
+            // The QP sends at its path MTU on whichever path it is: the alternate port must
+            // carry it, as the primary port must at RTR.
+            let mtu = if mask.contains(M::PATH_MTU) {
+                a.path_mtu
+            } else {
+                self.attr.path_mtu
+            };
+            if let Some(active) = res.cfg.port_mtus.get(port).copied()
+                && mtu > active
+            {
+                return Err(VerbsError::InvalidAttribute {
+                    attr: "ALT_PATH",
+                    reason: format!(
+                        "the path MTU of {} bytes is larger than alternate port {}'s active MTU \
+                         of {} bytes",
+                        mtu.bytes(),
+                        a.alt_port_num,
+                        active.bytes()
+                    ),
+                });
+            }
         }
         if !mask.contains(M::PATH_MIG_STATE) {
             return Ok(());

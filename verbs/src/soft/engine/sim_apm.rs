@@ -626,3 +626,51 @@ fn xrc_link_failure_mid_stream_migrates_without_loss() {
         assert_eq!(mig_state(&s, 1, p.tgt), MigState::Migrated, "seed {seed}");
     }
 }
+
+#[test]
+fn an_alternate_port_that_cannot_carry_the_path_mtu_is_refused() {
+    // Port 2 of the first NIC carries 1024-byte packets only; the QPs use 2048. Loading
+    // that port as the alternate path is refused, as the primary would be at RTR (it was
+    // accepted, and the QP went on sending 2048-byte packets there after migrating).
+    let mut s = TwoLinks::new(3, 0.0);
+    let mut c = NicConfig::single_port(s.addrs[0][0], 3);
+    c.ports = s.addrs[0].to_vec();
+    c.port_mtus = vec![Mtu::Mtu4096, Mtu::Mtu1024];
+    s.nics[0] = Nic::new(c);
+    let n = &mut s.nics[0];
+    let pd = n.alloc_pd();
+    let cq = n.create_cq(64);
+    let qpn = n.create_qp(&QpConfig::rc(pd, cq)).unwrap();
+    let attrs = rc_attrs(Qpn(0x77), s.addrs[1][0].ip(), 1000, 1000, Mtu::Mtu2048);
+    for (a, m) in attrs {
+        n.modify_qp(s.now, qpn, &a, m).unwrap();
+    }
+    let mut alt = QpAttr {
+        qp_state: QpState::Rts,
+        path_mig_state: MigState::Rearm,
+        alt_port_num: 2,
+        alt_timeout: 8,
+        ..QpAttr::default()
+    };
+    alt.alt_ah_attr = AhAttr::new(Gid::from_ip(s.addrs[1][1].ip()));
+    let e = n
+        .modify_qp(s.now, qpn, &alt, M::STATE | M::ALT_PATH | M::PATH_MIG_STATE)
+        .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            crate::VerbsError::InvalidAttribute {
+                attr: "ALT_PATH",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The same alternate on port 1's MTU (a QP at 1024) is taken.
+    let qp2 = n.create_qp(&QpConfig::rc(pd, cq)).unwrap();
+    for (a, m) in rc_attrs(Qpn(0x78), s.addrs[1][0].ip(), 1000, 1000, Mtu::Mtu1024) {
+        n.modify_qp(s.now, qp2, &a, m).unwrap();
+    }
+    n.modify_qp(s.now, qp2, &alt, M::STATE | M::ALT_PATH | M::PATH_MIG_STATE)
+        .unwrap();
+}
