@@ -44,6 +44,9 @@ pub struct RegisteredMemory {
     foreign: Option<libc::pid_t>,
     /// Foreign memory whose registration was withdrawn: every access fails from then on.
     revoked: std::sync::atomic::AtomicBool,
+    /// Application memory handed over (`adopt`): a `Box<[u8]>` of `len` bytes at `ptr`,
+    /// given back by `into_box` or freed as one.
+    adopted: bool,
 }
 
 /// Serialises read-modify-write atomics on foreign memory, so that the atomics one soft NIC
@@ -72,6 +75,7 @@ impl RegisteredMemory {
             shared: None,
             foreign: None,
             revoked: std::sync::atomic::AtomicBool::new(false),
+            adopted: false,
         })
     }
 
@@ -87,6 +91,7 @@ impl RegisteredMemory {
             shared: None,
             foreign: Some(pid),
             revoked: std::sync::atomic::AtomicBool::new(false),
+            adopted: false,
         })
     }
 
@@ -99,6 +104,49 @@ impl RegisteredMemory {
     /// The process owning a foreign region.
     pub(crate) fn foreign_pid(&self) -> Option<libc::pid_t> {
         self.foreign
+    }
+
+    /// Takes over application memory (`ibv_reg_mr` on a buffer the caller owns): from now
+    /// on it is accessed only through this module's atomic copies, like an allocation of
+    /// ours, and [`into_box`](Self::into_box) gives it back. `None` for an empty buffer (it
+    /// has no address of its own).
+    pub fn adopt(bytes: Box<[u8]>) -> Option<Self> {
+        if bytes.is_empty() {
+            return None;
+        }
+        let len = bytes.len();
+        let ptr = NonNull::new(Box::into_raw(bytes).cast::<u8>())?;
+        Some(Self {
+            ptr,
+            len,
+            shared: None,
+            foreign: None,
+            revoked: std::sync::atomic::AtomicBool::new(false),
+            adopted: true,
+        })
+    }
+
+    /// Whether this is application memory [`adopt`](Self::adopt) took over.
+    pub fn is_adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// The memory [`adopt`](Self::adopt) took over, given back (the caller holds the only
+    /// reference: nothing, the NIC included, can access it any more).
+    ///
+    /// # Errors
+    /// `self` back, for memory that was not adopted.
+    pub fn into_box(self) -> Result<Box<[u8]>, Self> {
+        if !self.adopted {
+            return Err(self);
+        }
+        // (Not dropped: the box below owns the bytes now; an adopted region has no shared
+        // owner to release.)
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `ptr` and `len` are those of the `Box<[u8]>` `adopt` took apart; `me` is
+        // never dropped, so the bytes are freed once, by the box; `self` was owned, so no
+        // reference to them outlives this.
+        Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len)) })
     }
 
     /// Wraps immutable application bytes; `None` for an empty view (it has no address of
@@ -115,6 +163,7 @@ impl RegisteredMemory {
             shared: Some(bytes),
             foreign: None,
             revoked: std::sync::atomic::AtomicBool::new(false),
+            adopted: false,
         })
     }
 
@@ -156,10 +205,16 @@ impl RegisteredMemory {
         unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(i)) }
     }
 
+    /// Whether the byte at `i` is 8-byte aligned in memory (the base of an allocation of
+    /// ours is page aligned; adopted application memory may start anywhere).
+    fn aligned(&self, i: usize) -> bool {
+        (self.addr() as usize).wrapping_add(i).is_multiple_of(8)
+    }
+
     fn word(&self, i: usize) -> &AtomicU64 {
-        debug_assert!(i + 8 <= self.len && (self.addr() as usize + i).is_multiple_of(8));
-        // SAFETY: callers check that `i..i+8` is inside the allocation and 8-byte aligned
-        // (the base is page aligned); all accesses are atomic.
+        debug_assert!(i + 8 <= self.len && self.aligned(i));
+        // SAFETY: callers check that `i..i+8` is inside the allocation and that its address
+        // is 8-byte aligned (`aligned`); all accesses are atomic.
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(i).cast::<u64>()) }
     }
 
@@ -169,7 +224,7 @@ impl RegisteredMemory {
         if self.shared.is_some()
             || self.foreign.is_some()
             || end > self.len
-            || !offset.is_multiple_of(8)
+            || !self.aligned(offset)
         {
             return None;
         }
@@ -278,7 +333,7 @@ impl RegisteredMemory {
         let mut i = offset;
         let mut d = 0;
         // Leading bytes up to the next 8-byte boundary.
-        while i < end && !i.is_multiple_of(8) {
+        while i < end && !self.aligned(i) {
             dst[d] = self.byte(i).load(Ordering::Relaxed);
             i += 1;
             d += 1;
@@ -316,7 +371,7 @@ impl RegisteredMemory {
         }
         let mut i = offset;
         let mut s = 0;
-        while i < end && !i.is_multiple_of(8) {
+        while i < end && !self.aligned(i) {
             self.byte(i).store(src[s], Ordering::Relaxed);
             i += 1;
             s += 1;
@@ -358,6 +413,17 @@ impl RegisteredMemory {
 
 impl Drop for RegisteredMemory {
     fn drop(&mut self) {
+        if self.adopted {
+            // SAFETY: `ptr` and `len` are those of the `Box<[u8]>` `adopt` took apart, which
+            // is rebuilt and freed once (`into_box` does not drop what it gives back).
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    self.ptr.as_ptr(),
+                    self.len,
+                ))
+            });
+            return;
+        }
         if self.shared.is_some() || self.foreign.is_some() {
             // Not ours to free: dropping `shared` releases the application's owner, and
             // foreign memory belongs to another process.

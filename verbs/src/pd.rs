@@ -42,6 +42,36 @@ impl ProtectionDomain {
     /// `InvalidArgument` for an impossible size or flag combination, `ResourceExhausted`
     /// when the memory cannot be allocated.
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion, VerbsError> {
+        Self::check_access(access)?;
+        if len as u64 > 1 << 40 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "{len} bytes exceeds max_mr_size"
+            )));
+        }
+        let mem = RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?;
+        self.register(mem, access)
+    }
+
+    /// Registers memory the caller owns (`ibv_reg_mr` on the application's own buffer):
+    /// `bytes` (a `Vec<u8>`, a `Box<[u8]>`) is handed over without a copy, accessed from
+    /// then on like a region's own bytes (through [`MemoryRegion::read`] /
+    /// [`write`](MemoryRegion::write): the NIC may write it at any time), and given back by
+    /// [`MemoryRegion::into_bytes`].
+    ///
+    /// # Errors
+    /// As [`reg_mr`](Self::reg_mr); `InvalidArgument` for an empty buffer.
+    pub fn reg_mr_owned(
+        &self,
+        bytes: impl Into<Box<[u8]>>,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, VerbsError> {
+        Self::check_access(access)?;
+        let mem = RegisteredMemory::adopt(bytes.into())
+            .ok_or_else(|| VerbsError::InvalidArgument("cannot register an empty buffer".into()))?;
+        self.register(mem, access)
+    }
+
+    fn check_access(access: AccessFlags) -> Result<(), VerbsError> {
         if access.bits() & !0xF != 0 {
             return Err(VerbsError::InvalidArgument(format!(
                 "unknown access flag bits {:#x}",
@@ -54,13 +84,7 @@ impl ProtectionDomain {
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE".into(),
             ));
         }
-        if len as u64 > 1 << 40 {
-            return Err(VerbsError::InvalidArgument(format!(
-                "{len} bytes exceeds max_mr_size"
-            )));
-        }
-        let mem = RegisteredMemory::new(len).ok_or(VerbsError::ResourceExhausted("memory"))?;
-        self.register(mem, access)
+        Ok(())
     }
 
     /// Registers `mem` with the device under this domain.
@@ -124,6 +148,26 @@ pub struct MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// Deregisters a region made by [`ProtectionDomain::reg_mr_owned`] and gives its
+    /// memory back, with what the NIC and the application wrote into it.
+    ///
+    /// # Errors
+    /// The region back (still registered) when it was not made from the caller's memory;
+    /// `Err(None)` when work still in flight uses it (verbs forbids deregistering then): it
+    /// is deregistered, and its memory is freed when that work completes.
+    pub fn into_bytes(self) -> Result<Box<[u8]>, Option<Self>> {
+        if !self.mem.is_adopted() {
+            return Err(Some(self));
+        }
+        let mem = Arc::clone(&self.mem);
+        // (Dropping the region deregisters it: the NIC lets its reference go.)
+        drop(self);
+        match Arc::try_unwrap(mem) {
+            Ok(m) => m.into_box().map_err(|_| None),
+            Err(_) => Err(None),
+        }
+    }
+
     /// Virtual address of the first byte.
     pub fn addr(&self) -> u64 {
         self.mem.addr()

@@ -420,3 +420,58 @@ fn a_lost_send_is_retransmitted_while_the_sender_does_not_poll() {
     let done = a.wait(1);
     assert_eq!(done[0].status, WcStatus::Success);
 }
+
+/// Memory the caller owns, registered without a copy (`reg_mr_owned`), written locally, by
+/// a peer's RDMA WRITE and by its atomic, then given back with what was written.
+#[test]
+fn the_callers_own_memory_is_registered_and_given_back() {
+    use rdmx_verbs::{AccessFlags, VerbsError};
+    let a = Side::new(1 << 20, 5100);
+    let b = Side::new(1 << 20, 9100);
+    a.connect(&b.info());
+    b.connect(&a.info());
+    // (A Vec's buffer need not be page aligned as a region's own is: word accesses go by
+    // the address, not by the offset.)
+    let boxed: Box<[u8]> = vec![0u8; 4096].into_boxed_slice();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    assert!(matches!(
+        a.pd.reg_mr_owned(Vec::new(), access),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+    let mr = a.pd.reg_mr_owned(boxed, access).unwrap();
+    mr.write(0, b"local bytes").unwrap();
+    // The peer writes 3000 bytes at offset 100 and adds 5 to an aligned word.
+    let data: Vec<u8> = (0..3000u32).map(|i| (i % 241) as u8).collect();
+    b.mr.write(0, &data).unwrap();
+    let s = [b.mr.sge(0, 3000)];
+    let wr = WrOpcode::RdmaWrite {
+        remote_addr: mr.addr() + 100,
+        rkey: mr.rkey(),
+    };
+    b.qp.post_send(&SendWr::new(1, wr, &s).signaled()).unwrap();
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    let word = (mr.addr() + 3200).next_multiple_of(8);
+    let off = (word - mr.addr()) as usize;
+    mr.write_u64(off, 37).unwrap();
+    let d = [b.mr.sge(8192, 8)];
+    let fa = WrOpcode::AtomicFetchAdd {
+        remote_addr: word,
+        rkey: mr.rkey(),
+        add: 5,
+    };
+    b.qp.post_send(&SendWr::new(2, fa, &d).signaled()).unwrap();
+    assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.mr.read_u64(8192).unwrap(), 37);
+    let back = mr.into_bytes().expect("the memory back");
+    assert_eq!(back.len(), 4096);
+    assert_eq!(&back[..11], b"local bytes");
+    assert_eq!(&back[100..3100], &data[..]);
+    assert_eq!(
+        u64::from_ne_bytes(back[off..off + 8].try_into().unwrap()),
+        42
+    );
+    // A region of the pool's own memory is not given back (and stays registered).
+    let own = a.pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let own = own.into_bytes().unwrap_err().expect("the region back");
+    own.write(0, b"still there").unwrap();
+}
