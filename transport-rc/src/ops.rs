@@ -202,6 +202,45 @@ impl Endpoint {
         })
     }
 
+    /// Posts a one-sided operation and waits for its outcome, both within `timeout` (one
+    /// wait: no clock is read here). On `Timeout` a posted operation stays posted, its result
+    /// dropped (see [`PendingOp`]).
+    fn run_op<T: OpOutput>(&self, op: WrOpcode, local: OpSource, timeout: Duration) -> Result<T> {
+        let mut local = Some(local);
+        let mut pending: Option<PendingOp<'_, T>> = None;
+        let r = wait_until(
+            &self.rc.w,
+            self.rc.wait_endpoint(self.key),
+            Some(timeout),
+            |ws| {
+                if pending.is_none() {
+                    let l = local.take()?;
+                    let posted = self.rc.on(ws, |sh, st, _| sh.post_op(st, self.key, op, l));
+                    match posted {
+                        Ok(Ok(seq)) => {
+                            pending = Some(PendingOp {
+                                ep: self,
+                                seq,
+                                done: false,
+                                _out: PhantomData,
+                            });
+                        }
+                        Ok(Err(back)) => {
+                            local = Some(back);
+                            return None;
+                        }
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                pending.as_mut()?.look(ws)
+            },
+        );
+        // (A pending operation that timed out is dropped here, outside the wait: it is
+        // marked abandoned under the worker's lock.)
+        drop(pending);
+        r
+    }
+
     fn target(remote: &RemoteRegion, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
             Some(end) if end <= remote.len => Ok(remote.addr + offset),
@@ -304,9 +343,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<()> {
         let (op, src) = self.write_op(remote, offset, data)?;
-        let started = std::time::Instant::now();
-        let p: PendingOp<'_, ()> = self.start_op(op, src, Some(timeout))?;
-        p.wait_timeout(timeout.saturating_sub(started.elapsed()))
+        self.run_op(op, src, timeout)
     }
 
     /// Starts a [`write`](Self::write) (a copy of `data`) and returns at once.
@@ -371,9 +408,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<Buf> {
         let (op, src) = self.read_op(remote, offset, len)?;
-        let started = std::time::Instant::now();
-        let p: PendingOp<'_, Buf> = self.start_op(op, src, Some(timeout))?;
-        p.wait_timeout(timeout.saturating_sub(started.elapsed()))
+        self.run_op(op, src, timeout)
     }
 
     /// Starts a [`read`](Self::read) and returns at once: several reads (of one endpoint or
@@ -435,9 +470,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<u64> {
         let op = Self::cas_op(remote, offset, compare, swap)?;
-        let started = std::time::Instant::now();
-        let p: PendingOp<'_, u64> = self.start_op(op, self.atomic_src()?, Some(timeout))?;
-        p.wait_timeout(timeout.saturating_sub(started.elapsed()))
+        self.run_op(op, self.atomic_src()?, timeout)
     }
 
     /// Atomically adds `add` to the 8-byte word at `offset`; returns the value it had.
@@ -474,9 +507,7 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<u64> {
         let op = Self::fadd_op(remote, offset, add)?;
-        let started = std::time::Instant::now();
-        let p: PendingOp<'_, u64> = self.start_op(op, self.atomic_src()?, Some(timeout))?;
-        p.wait_timeout(timeout.saturating_sub(started.elapsed()))
+        self.run_op(op, self.atomic_src()?, timeout)
     }
 }
 
