@@ -1,0 +1,18 @@
+//! The reference manual's example programs (`verbs/examples/`), run as tests: each checks
+//! its own results and fails on a mismatch.
+#![allow(missing_docs)]
+
+#[path = "../examples/rc_example.rs"]
+#[allow(
+    dead_code,
+    clippy::print_stdout,
+    reason = "an example program, run here"
+)]
+mod rc_example;
+
+#[test]
+fn the_rc_example_sends_reads_and_writes() {
+    if let Err(e) = rc_example::run_both() {
+        panic!("{e}");
+    }
+}
