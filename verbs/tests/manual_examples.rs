@@ -16,3 +16,18 @@ fn the_rc_example_sends_reads_and_writes() {
         panic!("{e}");
     }
 }
+
+#[path = "../examples/srq_example.rs"]
+#[allow(
+    dead_code,
+    clippy::print_stdout,
+    reason = "an example program, run here"
+)]
+mod srq_example;
+
+#[test]
+fn the_srq_example_receives_every_qps_messages_through_one_srq() {
+    if let Err(e) = srq_example::run(4, 3) {
+        panic!("{e}");
+    }
+}
