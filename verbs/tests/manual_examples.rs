@@ -31,3 +31,22 @@ fn the_srq_example_receives_every_qps_messages_through_one_srq() {
         panic!("{e}");
     }
 }
+
+#[path = "../examples/apm_example.rs"]
+#[allow(
+    dead_code,
+    clippy::print_stdout,
+    reason = "an example program, run here"
+)]
+mod apm_example;
+
+#[test]
+fn the_apm_example_migrates_and_traffic_goes_on() {
+    if std::env::var("RDMX_TEST_DEVICE").is_ok_and(|d| !d.starts_with("soft:")) {
+        eprintln!("skipped: the APM example picks two two-port soft devices");
+        return;
+    }
+    if let Err(e) = apm_example::run() {
+        panic!("{e}");
+    }
+}
