@@ -50,3 +50,18 @@ fn the_apm_example_migrates_and_traffic_goes_on() {
         panic!("{e}");
     }
 }
+
+#[path = "../examples/xrc_example.rs"]
+#[allow(
+    dead_code,
+    clippy::print_stdout,
+    reason = "an example program, run here"
+)]
+mod xrc_example;
+
+#[test]
+fn the_xrc_example_reaches_every_srq_through_one_initiator() {
+    if let Err(e) = xrc_example::run(3) {
+        panic!("{e}");
+    }
+}
