@@ -169,15 +169,7 @@ impl Context {
     /// The last failure once `timeout` has passed (`Timeout` when nothing was tried); a
     /// refusal at once; `Bootstrap` when `addr` does not resolve.
     pub fn connect_retry(&self, addr: impl ToSocketAddrs, timeout: Duration) -> Result<Endpoint> {
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|error| {
-                rdmx_core::Error::Bootstrap(rdmx_core::bootstrap::BootstrapError::Io {
-                    op: "resolving the address",
-                    error,
-                })
-            })?
-            .collect();
+        let addrs = resolve_all(addr)?;
         let start = std::time::Instant::now();
         let mut pause = Duration::from_millis(10);
         loop {
@@ -200,6 +192,38 @@ impl Context {
             }
             std::thread::sleep(pause.min(left));
             pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// [`connect`](Self::connect) without blocking the runtime (feature `tokio`): the
+    /// exchange runs on tokio's blocking pool. Dropping the future does not stop an exchange
+    /// under way; the endpoint it makes is then dropped (closed) at once.
+    ///
+    /// # Errors
+    /// As `connect`.
+    #[cfg(feature = "tokio")]
+    pub async fn connect_async(&self, addr: impl ToSocketAddrs) -> Result<Endpoint> {
+        self.connect_with_async(addr, &[]).await
+    }
+
+    /// [`connect_with`](Self::connect_with) without blocking the runtime (see
+    /// [`connect_async`](Self::connect_async)).
+    ///
+    /// # Errors
+    /// As `connect_with`.
+    #[cfg(feature = "tokio")]
+    pub async fn connect_with_async(
+        &self,
+        addr: impl ToSocketAddrs,
+        data: &[u8],
+    ) -> Result<Endpoint> {
+        let addrs = resolve_all(addr)?;
+        let (ctx, data) = (self.clone(), data.to_vec());
+        match tokio::task::spawn_blocking(move || ctx.connect_with(&addrs[..], &data)).await {
+            Ok(r) => r,
+            Err(e) => Err(rdmx_core::Error::InvalidArgument(format!(
+                "the connect task ended without an answer: {e}"
+            ))),
         }
     }
 
@@ -458,5 +482,46 @@ impl Listener {
     /// The context it belongs to.
     pub fn context(&self) -> &Context {
         &self.ctx
+    }
+}
+
+/// The addresses `addr` names.
+fn resolve_all(addr: impl ToSocketAddrs) -> Result<Vec<SocketAddr>> {
+    Ok(addr
+        .to_socket_addrs()
+        .map_err(|error| {
+            rdmx_core::Error::Bootstrap(rdmx_core::bootstrap::BootstrapError::Io {
+                op: "resolving the address",
+                error,
+            })
+        })?
+        .collect())
+}
+
+#[cfg(all(test, feature = "tokio"))]
+mod async_tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_async_with_data_on_rc_and_ud() {
+        for t in [Transport::Rc, Transport::Ud] {
+            let s = Context::builder().transport(t).build().expect("server");
+            let c = Context::builder().transport(t).build().expect("client");
+            let listener = s.listen("127.0.0.1:0").expect("listen");
+            listener.set_accept_data(b"srv").expect("accept data");
+            let addr = listener.local_addr();
+            let (ep, sep) =
+                tokio::join!(c.connect_with_async(addr, b"cli"), listener.accept_async());
+            let (ep, sep) = (ep.expect("connect"), sep.expect("accept"));
+            assert_eq!(
+                (&ep.peer_data()[..], &sep.peer_data()[..]),
+                (&b"srv"[..], &b"cli"[..])
+            );
+            ep.send(b"x").expect("send");
+            assert_eq!(&sep.recv_async().await.expect("recv")[..], b"x");
+            let plain = c.connect_async(addr);
+            let (plain, _accepted) = tokio::join!(plain, listener.accept_async());
+            assert!(plain.expect("connect").peer_data().starts_with(b"srv"));
+        }
     }
 }
