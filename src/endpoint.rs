@@ -301,10 +301,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::write`].
     pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
-        match &*self.0 {
-            Inner::Rc(e) => e.write(remote, offset, data),
-            Inner::Ud(_) => Err(one_sided_on_ud()),
-        }
+        self.rc_only()?.write(remote, offset, data)
     }
 
     /// Writes application memory into the peer's region, zero-copy (RC/XRC only).
@@ -317,10 +314,7 @@ impl Endpoint {
         offset: u64,
         data: impl Into<SharedBytes>,
     ) -> Result<()> {
-        match &*self.0 {
-            Inner::Rc(e) => e.write_shared(remote, offset, data),
-            Inner::Ud(_) => Err(one_sided_on_ud()),
-        }
+        self.rc_only()?.write_shared(remote, offset, data)
     }
 
     /// Reads `len` bytes of the peer's region (RC/XRC only).
@@ -328,10 +322,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::read`].
     pub fn read(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<Buf> {
-        match &*self.0 {
-            Inner::Rc(e) => e.read(remote, offset, len),
-            Inner::Ud(_) => Err(one_sided_on_ud()),
-        }
+        self.rc_only()?.read(remote, offset, len)
     }
 
     /// Compare-and-swap on a word of the peer's region (RC/XRC only).
@@ -345,10 +336,7 @@ impl Endpoint {
         compare: u64,
         swap: u64,
     ) -> Result<u64> {
-        match &*self.0 {
-            Inner::Rc(e) => e.compare_swap(remote, offset, compare, swap),
-            Inner::Ud(_) => Err(one_sided_on_ud()),
-        }
+        self.rc_only()?.compare_swap(remote, offset, compare, swap)
     }
 
     /// Fetch-and-add on a word of the peer's region (RC/XRC only).
@@ -356,10 +344,7 @@ impl Endpoint {
     /// # Errors
     /// `Unsupported` on UD; else as [`rdmx_rc::Endpoint::fetch_add`].
     pub fn fetch_add(&self, remote: &RemoteRegion, offset: u64, add: u64) -> Result<u64> {
-        match &*self.0 {
-            Inner::Rc(e) => e.fetch_add(remote, offset, add),
-            Inner::Ud(_) => Err(one_sided_on_ud()),
-        }
+        self.rc_only()?.fetch_add(remote, offset, add)
     }
 
     /// The RC endpoint underneath, or `Unsupported` on UD.

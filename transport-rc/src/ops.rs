@@ -173,32 +173,35 @@ impl<T: OpOutput> Drop for PendingOp<'_, T> {
 }
 
 impl Endpoint {
-    /// Posts a one-sided operation, waiting for room in the send queue (at most `timeout`).
-    fn start_op<T: OpOutput>(
+    /// One try at posting the operation in `local` (taken when posted, left when the send
+    /// queue has no room: `None` then, to wait and try again).
+    fn try_post<T: OpOutput>(
         &self,
+        ws: &mut WorkerState,
         op: WrOpcode,
-        local: OpSource,
-        timeout: Option<Duration>,
-    ) -> Result<PendingOp<'_, T>> {
+        local: &mut Option<OpSource>,
+    ) -> Option<Result<PendingOp<'_, T>>> {
+        let l = local.take()?;
+        match self.rc.on(ws, |sh, st, _| sh.post_op(st, self.key, op, l)) {
+            Ok(Ok(seq)) => Some(Ok(PendingOp {
+                ep: self,
+                seq,
+                done: false,
+                _out: PhantomData,
+            })),
+            Ok(Err(back)) => {
+                *local = Some(back);
+                None
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Posts a one-sided operation, waiting for room in the send queue.
+    fn start_op<T: OpOutput>(&self, op: WrOpcode, local: OpSource) -> Result<PendingOp<'_, T>> {
         let mut local = Some(local);
-        let seq = wait_until(&self.rc.w, self.rc.wait_endpoint(self.key), timeout, |ws| {
-            self.rc.on(ws, |sh, st, _| {
-                let l = local.take()?;
-                match sh.post_op(st, self.key, op, l) {
-                    Ok(Ok(s)) => Some(Ok(s)),
-                    Ok(Err(back)) => {
-                        local = Some(back);
-                        None
-                    }
-                    Err(e) => Some(Err(e)),
-                }
-            })
-        })?;
-        Ok(PendingOp {
-            ep: self,
-            seq,
-            done: false,
-            _out: PhantomData,
+        wait_until(&self.rc.w, self.rc.wait_endpoint(self.key), None, |ws| {
+            self.try_post(ws, op, &mut local)
         })
     }
 
@@ -208,33 +211,16 @@ impl Endpoint {
     fn run_op<T: OpOutput>(&self, op: WrOpcode, local: OpSource, timeout: Duration) -> Result<T> {
         let mut local = Some(local);
         let mut pending: Option<PendingOp<'_, T>> = None;
-        let r = wait_until(
-            &self.rc.w,
-            self.rc.wait_endpoint(self.key),
-            Some(timeout),
-            |ws| {
-                if pending.is_none() {
-                    let l = local.take()?;
-                    let posted = self.rc.on(ws, |sh, st, _| sh.post_op(st, self.key, op, l));
-                    match posted {
-                        Ok(Ok(seq)) => {
-                            pending = Some(PendingOp {
-                                ep: self,
-                                seq,
-                                done: false,
-                                _out: PhantomData,
-                            });
-                        }
-                        Ok(Err(back)) => {
-                            local = Some(back);
-                            return None;
-                        }
-                        Err(e) => return Some(Err(e)),
-                    }
+        let wait = self.rc.wait_endpoint(self.key);
+        let r = wait_until(&self.rc.w, wait, Some(timeout), |ws| {
+            if pending.is_none() {
+                match self.try_post(ws, op, &mut local)? {
+                    Ok(p) => pending = Some(p),
+                    Err(e) => return Some(Err(e)),
                 }
-                pending.as_mut()?.look(ws)
-            },
-        );
+            }
+            pending.as_mut()?.look(ws)
+        });
         // (A pending operation that timed out is dropped here, outside the wait: it is
         // marked abandoned under the worker's lock.)
         drop(pending);
@@ -357,7 +343,7 @@ impl Endpoint {
         data: &[u8],
     ) -> Result<PendingOp<'_, ()>> {
         let (op, src) = self.write_op(remote, offset, data)?;
-        self.start_op(op, src, None)
+        self.start_op(op, src)
     }
 
     /// Writes application bytes into the peer's region at `offset` without copying them
@@ -383,7 +369,7 @@ impl Endpoint {
             remote_addr: addr,
             rkey: Rkey(remote.rkey),
         };
-        let p: PendingOp<'_, ()> = self.start_op(op, OpSource::Shared(reg), None)?;
+        let p: PendingOp<'_, ()> = self.start_op(op, OpSource::Shared(reg))?;
         p.wait()
     }
 
@@ -423,7 +409,7 @@ impl Endpoint {
         len: usize,
     ) -> Result<PendingOp<'_, Buf>> {
         let (op, src) = self.read_op(remote, offset, len)?;
-        self.start_op(op, src, None)
+        self.start_op(op, src)
     }
 
     /// Atomically replaces the 8-byte word at `offset` with `swap` if it equals `compare`;
@@ -454,7 +440,7 @@ impl Endpoint {
         swap: u64,
     ) -> Result<PendingOp<'_, u64>> {
         let op = Self::cas_op(remote, offset, compare, swap)?;
-        self.start_op(op, self.atomic_src()?, None)
+        self.start_op(op, self.atomic_src()?)
     }
 
     /// [`compare_swap`](Self::compare_swap), waiting at most `timeout`.
@@ -492,7 +478,7 @@ impl Endpoint {
         add: u64,
     ) -> Result<PendingOp<'_, u64>> {
         let op = Self::fadd_op(remote, offset, add)?;
-        self.start_op(op, self.atomic_src()?, None)
+        self.start_op(op, self.atomic_src()?)
     }
 
     /// [`fetch_add`](Self::fetch_add), waiting at most `timeout`.
