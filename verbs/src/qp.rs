@@ -50,6 +50,15 @@ impl<'a> QpInitAttr<'a> {
         }
     }
 
+    /// UC attributes with default capacities: sends and RDMA writes over a connection with
+    /// no acknowledgement or retransmission (a lost packet loses its message).
+    pub fn uc(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        Self {
+            qp_type: QpType::Uc,
+            ..Self::rc(send_cq, recv_cq)
+        }
+    }
+
     /// UD attributes with default capacities.
     pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
         Self {

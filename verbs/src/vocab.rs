@@ -42,8 +42,12 @@ pub struct NicCounters {
     pub cq_overflows: u64,
     /// UD datagrams dropped for a wrong Q_Key (`qkey_viol_cntr`).
     pub rx_qkey_violations: u64,
-    /// UD datagrams dropped because no receive WQE was posted.
+    /// UD datagrams and UC messages dropped because no receive WQE was posted (UC has no
+    /// RNR NAK).
     pub rx_no_recv: u64,
+    /// UC messages dropped: a packet of theirs was lost (a PSN gap), or they broke a rule
+    /// RC would answer with a NAK (opcode sequence, length, R_Key or permission).
+    pub rx_uc_dropped: u64,
     /// Multicast datagrams for a group no QP joined.
     pub rx_no_group: u64,
     /// Queue pairs created (those alive now: this less `qps_destroyed`).

@@ -14,6 +14,7 @@ mod batch;
 mod channel;
 mod rc;
 mod srq;
+mod uc;
 mod ud;
 mod xrc;
 mod xrc_shared;

@@ -28,6 +28,7 @@ mod requester;
 mod responder;
 mod rng;
 mod srq;
+mod uc;
 mod ud;
 
 #[cfg(test)]
@@ -473,10 +474,10 @@ impl Nic {
         } = *c;
         if !matches!(
             qp_type,
-            QpType::Rc | QpType::Ud | QpType::XrcSend | QpType::XrcRecv
+            QpType::Rc | QpType::Uc | QpType::Ud | QpType::XrcSend | QpType::XrcRecv
         ) {
             return Err(VerbsError::Unsupported(
-                "this QP type (RC, UD and XRC are supported)",
+                "this QP type (RC, UC, UD and XRC are supported)",
             ));
         }
         if qp_type == QpType::XrcRecv && xrcd.is_none() {
@@ -632,13 +633,13 @@ impl Nic {
             return;
         };
         match hdr.bth.opcode.transport() {
-            Transport::Rc | Transport::Xrc => {}
+            Transport::Rc | Transport::Uc | Transport::Xrc => {}
             Transport::Ud => {
                 self.deliver_ud(src, dst, &hdr, payload, data.len());
                 return;
             }
             _ => {
-                // UC and CNPs are not handled by this version of the engine.
+                // CNPs: this NIC runs no congestion control.
                 self.res.counters.rx_no_qp += 1;
                 return;
             }

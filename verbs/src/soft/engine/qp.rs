@@ -341,6 +341,7 @@ impl Qp {
             res.complete(self.send_cq, wc, false);
         }
         self.req.cursor = 0;
+        self.uc_return_wqe(res);
         self.flush_receives(res);
         self.resp.out.clear();
     }
@@ -458,6 +459,11 @@ impl Qp {
             QpType::XrcRecv => {
                 return Err(PostError::InvalidWorkRequest(
                     "an XRC target QP has no send queue",
+                ));
+            }
+            QpType::Uc if kind.is_rd_atomic() => {
+                return Err(PostError::InvalidWorkRequest(
+                    "a UC QP has no RDMA read or atomics (sends and RDMA writes only)",
                 ));
             }
             QpType::XrcSend if wr.remote_srqn.is_none() => {
@@ -603,7 +609,10 @@ impl Qp {
             return;
         };
         let _ = path;
-        if !self.on_a_path(port, src) || !pkey_match(hdr.bth.pkey) {
+        if !self.on_a_path(port, src)
+            || !pkey_match(hdr.bth.pkey)
+            || !self.takes_transport(hdr.bth.opcode.transport())
+        {
             res.counters.rx_bad_addr += 1;
             return;
         }
@@ -625,8 +634,23 @@ impl Qp {
                 self.resp.comm_est = true;
                 res.events.push_back(AsyncEvent::CommEstablished(self.qpn));
             }
-            self.handle_request(now, res, hdr, payload);
+            if self.qp_type == QpType::Uc {
+                self.handle_uc_request(res, hdr, payload);
+            } else {
+                self.handle_request(now, res, hdr, payload);
+            }
         }
+    }
+
+    /// Whether packets of `t` are meant for a QP of this type (an RC packet reaching a UC
+    /// QP, or the other way round, is a misdirected packet).
+    fn takes_transport(&self, t: Transport) -> bool {
+        matches!(
+            (t, self.qp_type),
+            (Transport::Rc, QpType::Rc)
+                | (Transport::Uc, QpType::Uc)
+                | (Transport::Xrc, QpType::XrcSend | QpType::XrcRecv)
+        )
     }
 
     /// Earliest timer deadline (requester timers and the responder's held ACK).
@@ -673,13 +697,19 @@ impl Qp {
     ) -> Option<Transmit> {
         let path = self.path?;
         let mut xrc_hdr;
-        let hdr = if matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
+        let transport = match self.qp_type {
             // Same transport, XRC opcodes (spec §7); requests carry XRCETH.
-            xrc_hdr = *hdr;
-            xrc_hdr.bth.opcode = hdr.bth.opcode.with_transport(Transport::Xrc);
-            &xrc_hdr
-        } else {
-            hdr
+            QpType::XrcSend | QpType::XrcRecv => Some(Transport::Xrc),
+            QpType::Uc => Some(Transport::Uc),
+            _ => None,
+        };
+        let hdr = match transport {
+            Some(t) => {
+                xrc_hdr = *hdr;
+                xrc_hdr.bth.opcode = hdr.bth.opcode.with_transport(t);
+                &xrc_hdr
+            }
+            None => hdr,
         };
         let hl = hdr.emit(buf).ok()?;
         let body = buf.get_mut(hl..hl + payload_len)?;

@@ -10,7 +10,7 @@ use crate::soft::wire::aeth::rnr_timer_ns;
 use crate::soft::wire::{
     AethKind, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketHeaders, RethRepr, XrcEthRepr,
 };
-use crate::types::{Psn, QpAttr, QpState, Qpn, SendFlags, WcStatus};
+use crate::types::{Psn, QpAttr, QpState, QpType, Qpn, SendFlags, WcStatus};
 
 /// Request an ACK at least every this many packets inside long messages.
 const ACK_REQ_EVERY: u32 = 64;
@@ -278,7 +278,9 @@ impl Qp {
                 };
                 let solicited =
                     last && w.flags.contains(SendFlags::SOLICITED) && (send || imm.is_some());
-                let ack_req = last || (off + 1).is_multiple_of(ACK_REQ_EVERY);
+                // UC has no acknowledgements: its AckReq bit stays clear.
+                let ack_req =
+                    self.qp_type != QpType::Uc && (last || (off + 1).is_multiple_of(ACK_REQ_EVERY));
                 hdr.bth = bth(opcode, ack_req, solicited);
                 hdr.immdt = imm;
                 if !send && first {
@@ -318,6 +320,16 @@ impl Qp {
             }
         };
         let npsn = w.npsn;
+        if self.qp_type == QpType::Uc {
+            // UC completes a request when its last packet leaves: nothing will answer it.
+            if off + 1 < npsn {
+                self.req.pkt_off += 1;
+            } else {
+                self.complete_front(res);
+                self.req.check_drained(self.qpn, &self.attr, res);
+            }
+            return Some(t);
+        }
         let multi_packet = matches!(w.kind, WqeKind::Send | WqeKind::Write);
         if multi_packet && off + 1 < npsn {
             self.req.pkt_off += 1;

@@ -15,7 +15,7 @@ use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
 
 /// A message being received.
 #[derive(Debug)]
-enum Inbound {
+pub(super) enum Inbound {
     Send {
         wr_id: u64,
         segs: super::OneOrMany<Seg>,
@@ -69,11 +69,15 @@ pub(crate) enum RespOut {
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     pub(crate) rq: VecDeque<RecvWqe>,
-    epsn: Psn,
+    pub(super) epsn: Psn,
     msn: u32,
     nak_sent: bool,
     pub(crate) comm_est: bool,
-    cur: Option<Inbound>,
+    pub(super) cur: Option<Inbound>,
+    /// UC: the receive WQE of the send in progress, given back if the message is lost.
+    pub(super) uc_wqe: Option<RecvWqe>,
+    /// UC: the rest of a lost message is being dropped (until a FIRST or ONLY packet).
+    pub(super) uc_skip: bool,
     resources: VecDeque<RdAtomic>,
     pub(crate) out: VecDeque<RespOut>,
     /// A coalesced ACK not yet released to `out`, with when it was first held and how many
@@ -94,6 +98,8 @@ const ACK_EVERY_PSNS: i32 = 64;
 impl Responder {
     pub(crate) fn reset(&mut self, epsn: Psn) {
         self.epsn = epsn;
+        self.uc_wqe = None;
+        self.uc_skip = false;
         self.msn = 0;
         self.nak_sent = false;
         self.cur = None;

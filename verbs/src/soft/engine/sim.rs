@@ -605,3 +605,6 @@ mod srq;
 
 #[path = "sim_apm.rs"]
 mod apm;
+
+#[path = "sim_uc.rs"]
+mod uc;
