@@ -71,6 +71,10 @@ pub enum VerbsError {
     /// An argument is invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The object is in use (verbs: EBUSY), e.g. a memory region with memory windows
+    /// bound to it.
+    #[error("busy: {0}")]
+    Busy(&'static str),
     /// A device limit was reached.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(&'static str),

@@ -72,7 +72,7 @@ impl ProtectionDomain {
     }
 
     fn check_access(access: AccessFlags) -> Result<(), VerbsError> {
-        if access.bits() & !0xF != 0 {
+        if access.bits() & !0x1F != 0 {
             return Err(VerbsError::InvalidArgument(format!(
                 "unknown access flag bits {:#x}",
                 access.bits()
@@ -101,6 +101,7 @@ impl ProtectionDomain {
             key,
             rkey,
             access,
+            live: true,
         })
     }
 
@@ -145,6 +146,8 @@ pub struct MemoryRegion {
     key: u32,
     rkey: u32,
     access: AccessFlags,
+    /// Still registered (false once [`deregister`](Self::deregister) succeeded).
+    live: bool,
 }
 
 impl MemoryRegion {
@@ -322,11 +325,37 @@ impl MemoryRegion {
     }
 }
 
+impl MemoryRegion {
+    /// Deregisters the region (`ibv_dereg_mr` with its result): unlike dropping it, this
+    /// fails while memory windows are bound to it.
+    ///
+    /// # Errors
+    /// The region back (still registered) with `Busy` while windows are bound, or with the
+    /// device's error.
+    pub fn deregister(mut self) -> Result<(), (Self, VerbsError)> {
+        match self.pd.ctx.dev().dereg_mr_checked(self.key) {
+            Ok(()) => {
+                self.live = false;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// The protection domain's handle, for checks that two objects share it.
+    pub(crate) fn pd_id(&self) -> u32 {
+        self.pd.id
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // Deregister before the memory can be freed; in-flight operations keep their own
-        // reference to the bytes, so nothing writes into freed memory.
-        self.pd.ctx.dev().dereg_mr(self.key);
+        // reference to the bytes, so nothing writes into freed memory. Memory windows
+        // still bound keep the registration (and the memory) until they close.
+        if self.live {
+            self.pd.ctx.dev().dereg_mr(self.key, &self.mem);
+        }
     }
 }
 

@@ -12,11 +12,12 @@ use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
 use crate::os::ChannelInner;
 use crate::types::{
-    AccessFlags, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, Qpn, WorkCompletion,
+    AccessFlags, DeviceAttr, Gid, MwType, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, Qpn,
+    SendFlags, WorkCompletion,
 };
 use crate::vocab::FaultStats;
 use crate::vocab::{AsyncEvent, NicCounters, QpConfig, SrqState};
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{MwBindWr, RecvWr, SendWr};
 
 /// Counters only the soft provider keeps.
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,8 +58,32 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
         mem: &Arc<RegisteredMemory>,
         access: AccessFlags,
     ) -> Result<(u32, u32), VerbsError>;
-    /// Deregisters the region with local key `lkey`.
-    fn dereg_mr(&self, lkey: u32);
+    /// Deregisters the region with local key `lkey` (its owner let it go). Memory windows
+    /// still bound to it keep `mem` reachable until they close: a provider that cannot
+    /// deregister yet keeps the memory alive until it can.
+    fn dereg_mr(&self, lkey: u32, mem: &Arc<RegisteredMemory>);
+    /// Deregisters the region with local key `lkey` unless something (a bound memory
+    /// window) still uses it (`ibv_dereg_mr` with its EBUSY).
+    fn dereg_mr_checked(&self, lkey: u32) -> Result<(), VerbsError>;
+
+    // Memory windows.
+    /// Allocates a window in `pd`; returns (handle, key).
+    fn alloc_mw(&self, _pd: u32, _mw_type: MwType) -> Result<(u32, u32), VerbsError> {
+        Err(VerbsError::Unsupported("memory windows on this provider"))
+    }
+    fn dealloc_mw(&self, _mw: u32) {}
+    /// Posts a type 1 bind (`ibv_bind_mw`) on `qpn`; returns the key the window takes.
+    fn bind_mw(
+        &self,
+        _qpn: Qpn,
+        _wr_id: u64,
+        _flags: SendFlags,
+        _bind: &MwBindWr,
+    ) -> Result<u32, PostError> {
+        Err(PostError::InvalidWorkRequest(
+            "memory windows are not supported on this provider",
+        ))
+    }
 
     // Completion queues and progress.
     fn create_cq(&self, cqe: usize, channel: &Arc<ChannelInner>) -> Result<u32, VerbsError>;

@@ -188,6 +188,16 @@ impl QueuePair {
         self.dev().post_send(qpn, wrs)
     }
 
+    /// Posts a type 1 memory-window bind (see `mw.rs`); returns the window's new key.
+    pub(crate) fn bind_mw_raw(
+        &self,
+        wr_id: u64,
+        flags: crate::types::SendFlags,
+        wr: &crate::wr::MwBindWr,
+    ) -> Result<u32, PostError> {
+        self.dev().bind_mw(self.qpn, wr_id, flags, wr)
+    }
+
     /// Posts a receive work request (`ibv_post_recv`).
     ///
     /// # Errors
@@ -392,7 +402,10 @@ mod tests {
         ) -> Result<(u32, u32), VerbsError> {
             unreachable!()
         }
-        fn dereg_mr(&self, _: u32) {}
+        fn dereg_mr(&self, _: u32, _: &Arc<RegisteredMemory>) {}
+        fn dereg_mr_checked(&self, _: u32) -> Result<(), VerbsError> {
+            unreachable!()
+        }
         fn create_cq(&self, _: usize, _: &Arc<ChannelInner>) -> Result<u32, VerbsError> {
             unreachable!()
         }

@@ -74,9 +74,36 @@ impl fmt::Display for Psn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Lkey(pub u32);
 
-/// A remote key, sent to peers so they can access a memory region.
+/// A remote key, sent to peers so they can access a memory region or a memory window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Rkey(pub u32);
+
+impl Rkey {
+    /// The same key with the next tag (`ibv_inc_rkey`): the low 8 bits count up, wrapping,
+    /// and the rest (the index of the window) stays. A type 2 memory window is bound under a
+    /// key the application chooses this way, so that the key of an earlier binding no
+    /// longer matches.
+    pub const fn inc(self) -> Self {
+        Self((self.0 & !0xFF) | (self.0.wrapping_add(1) & 0xFF))
+    }
+
+    /// The tag: the low 8 bits.
+    pub const fn tag(self) -> u8 {
+        (self.0 & 0xFF) as u8
+    }
+}
+
+/// The type of a memory window (`ibv_mw_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MwType {
+    /// Type 1 (1): bound with `QueuePair::bind_mw`; the key's tag advances at every bind;
+    /// any QP of the protection domain may access through it.
+    Type1 = 1,
+    /// Type 2 (2): bound with a bind work request (`WrOpcode::BindMw`) under a key the
+    /// application chooses; only the QP that bound it may be accessed through it; must be
+    /// invalidated (locally or by a peer's send with invalidate) before it is bound again.
+    Type2 = 2,
+}
 
 /// A 128-bit global identifier. On RoCEv2 it is an IPv6 address or an IPv4-mapped one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -306,6 +333,8 @@ bitflags_u32! {
         REMOTE_READ = 4;
         /// Remote peers may perform atomics.
         REMOTE_ATOMIC = 8;
+        /// Memory windows may be bound to the region (`IBV_ACCESS_MW_BIND`).
+        MW_BIND = 16;
     }
 }
 
@@ -651,7 +680,8 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Receive: bytes placed (UD: including the 40-byte GRH); RDMA read: bytes read.
     pub byte_len: u32,
-    /// Immediate data (network order, as sent) when `wc_flags` has `WITH_IMM`.
+    /// Immediate data (network order, as sent) when `wc_flags` has `WITH_IMM`; the
+    /// invalidated remote key when it has `WITH_INV`.
     pub imm_data: u32,
     /// The local QP the work request belonged to.
     pub qp_num: Qpn,
@@ -691,6 +721,14 @@ impl WorkCompletion {
         self.wc_flags
             .contains(WcFlags::WITH_IMM)
             .then_some(self.imm_data)
+    }
+
+    /// The remote key a peer's send with invalidate closed (`invalidated_rkey`, which
+    /// shares its field with `imm_data` in verbs), if this receive carried one.
+    pub fn invalidated_rkey(&self) -> Option<Rkey> {
+        self.wc_flags
+            .contains(WcFlags::WITH_INV)
+            .then_some(Rkey(self.imm_data))
     }
 }
 

@@ -14,7 +14,7 @@
 //!
 //! [`MemoryRegion`]: crate::MemoryRegion
 
-use crate::types::{AhAttr, Lkey, Qpn, Rkey, SendFlags};
+use crate::types::{AccessFlags, AhAttr, Lkey, Qpn, Rkey, SendFlags};
 
 /// A scatter/gather element (`struct ibv_sge`). Made by [`MemoryRegion::sge`]
 /// (see the module docs for why it cannot be made from an address and a key).
@@ -118,6 +118,73 @@ pub enum WrOpcode {
         /// Value to add.
         add: u64,
     },
+    /// Send, and have the responder invalidate `rkey` (a type 2 memory window bound to the
+    /// receiving QP) when the message is delivered (`IBV_WR_SEND_WITH_INV`). RC and XRC.
+    SendWithInv {
+        /// The remote key to invalidate.
+        rkey: Rkey,
+    },
+    /// Invalidate a type 2 memory window of this QP's protection domain
+    /// (`IBV_WR_LOCAL_INV`). Takes no SGEs.
+    LocalInv {
+        /// The window's current key.
+        rkey: Rkey,
+    },
+    /// Bind a type 2 memory window (`IBV_WR_BIND_MW`); made by
+    /// [`MemoryWindow::bind_wr`](crate::MemoryWindow::bind_wr). Takes no SGEs.
+    BindMw(MwBindWr),
+}
+
+impl WrOpcode {
+    /// True for the operations that run on the local NIC only (bind, local invalidate).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Self::LocalInv { .. } | Self::BindMw(_))
+    }
+}
+
+/// What a memory window bind does (`struct ibv_mw_bind_info` with the window and its new
+/// key): made by [`MemoryWindow::bind_wr`](crate::MemoryWindow::bind_wr) (type 2) or by
+/// [`QueuePair::bind_mw`](crate::QueuePair::bind_mw) (type 1) from a window and a memory
+/// region, so that it names real objects (a stale one fails with `MwBindErr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBindWr {
+    /// The provider's handle of the window.
+    pub(crate) mw: u32,
+    /// The key the window takes.
+    pub(crate) rkey: Rkey,
+    /// The memory region the window opens (its local key).
+    pub(crate) lkey: Lkey,
+    /// First byte of the window (a virtual address inside the region).
+    pub(crate) addr: u64,
+    /// Length in bytes (0 unbinds a type 1 window).
+    pub(crate) length: u64,
+    /// Remote access granted through the window (`REMOTE_READ`, `REMOTE_WRITE`,
+    /// `REMOTE_ATOMIC`).
+    pub(crate) access: AccessFlags,
+    /// Made by `QueuePair::bind_mw` (a type 1 bind).
+    pub(crate) type1: bool,
+}
+
+impl MwBindWr {
+    /// The key the window takes.
+    pub fn rkey(&self) -> Rkey {
+        self.rkey
+    }
+
+    /// First byte of the window.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn length(&self) -> u64 {
+        self.length
+    }
+
+    /// Remote access granted through the window.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
 }
 
 /// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).

@@ -21,6 +21,7 @@
 
 mod cq;
 mod events;
+mod mw;
 mod post;
 mod qp;
 mod tables;
@@ -43,11 +44,11 @@ use crate::mem::RegisteredMemory;
 use crate::os::ChannelInner;
 use crate::provider::Provider;
 use crate::types::{
-    AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, QpState,
-    Qpn, WorkCompletion,
+    AccessFlags, DeviceAttr, Gid, Mtu, MwType, PortAttr, PortState, QpAttr, QpAttrMask, QpCap,
+    QpState, Qpn, SendFlags, WorkCompletion,
 };
 use crate::vocab::{AsyncEvent, QpConfig, SrqState};
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{MwBindWr, RecvWr, SendWr};
 use tables::{Ptr, QpEntry, Tables};
 
 /// The names of the RDMA devices libibverbs knows. No RDMA subsystem (libibverbs reports
@@ -397,7 +398,7 @@ impl Provider for IbvDevice {
         // ibv_reg_mr rejects an empty range on most devices; `RegisteredMemory` always
         // allocates at least one byte, so a zero-length region registers that byte.
         let len = mem.len().max(1);
-        let flags = access.bits() & 0xF;
+        let flags = access.bits() & 0x1F;
         // SAFETY: `pd` is live; `mem` is a live allocation of at least `len` bytes that the
         // MemoryRegion keeps alive until after `dereg_mr` (it owns the Arc). The NIC writes
         // to it only as the access flags allow, and rdmx reads it only through atomics.
@@ -423,15 +424,30 @@ impl Provider for IbvDevice {
         Ok((lkey, rkey))
     }
 
-    fn dereg_mr(&self, key: u32) {
-        let Some(mr) = self.t.lock().mrs.remove(&key) else {
-            return;
-        };
-        // SAFETY: the MR was live in the table and is deregistered once.
-        let rc = unsafe { ffi::ibv_dereg_mr(mr.0) };
-        if rc != 0 {
-            tracing::warn!(device = %self.name, key, rc, "ibv_dereg_mr failed; leaked");
-        }
+    fn dereg_mr(&self, key: u32, mem: &Arc<RegisteredMemory>) {
+        self.dereg_or_keep(key, mem);
+    }
+
+    fn dereg_mr_checked(&self, key: u32) -> Result<(), VerbsError> {
+        self.dereg_checked(key)
+    }
+
+    fn alloc_mw(&self, pd: u32, mw_type: MwType) -> Result<(u32, u32), VerbsError> {
+        Self::alloc_mw(self, pd, mw_type)
+    }
+
+    fn dealloc_mw(&self, mw: u32) {
+        Self::dealloc_mw(self, mw);
+    }
+
+    fn bind_mw(
+        &self,
+        qpn: Qpn,
+        wr_id: u64,
+        flags: SendFlags,
+        bind: &MwBindWr,
+    ) -> Result<u32, PostError> {
+        Self::bind_mw(self, qpn, wr_id, flags, bind)
     }
 
     fn create_cq(&self, cqe: usize, channel: &Arc<ChannelInner>) -> Result<u32, VerbsError> {

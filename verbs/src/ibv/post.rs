@@ -109,6 +109,16 @@ fn set_opcode(wr: &mut ffi::ibv_send_wr, op: &WrOpcode) -> Result<(), PostError>
                 },
             };
         }
+        WrOpcode::SendWithInv { rkey } => {
+            wr.opcode = o::IBV_WR_SEND_WITH_INV;
+            wr.__bindgen_anon_1.invalidate_rkey = rkey.0;
+        }
+        WrOpcode::LocalInv { rkey } => {
+            wr.opcode = o::IBV_WR_LOCAL_INV;
+            wr.__bindgen_anon_1.invalidate_rkey = rkey.0;
+        }
+        // The window and region pointers are filled in by `build_send_wr`.
+        WrOpcode::BindMw(_) => wr.opcode = o::IBV_WR_BIND_MW,
     }
     Ok(())
 }
@@ -154,6 +164,21 @@ impl IbvDevice {
         }
         r.send_flags = flags;
         set_opcode(&mut r, &w.opcode)?;
+        if let WrOpcode::BindMw(b) = &w.opcode {
+            let (mw, mr) = self.bind_ptrs(b)?;
+            r.__bindgen_anon_2 = ffi::ibv_send_wr__bindgen_ty_4 {
+                bind_mw: ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                    mw,
+                    rkey: b.rkey.0,
+                    bind_info: ffi::ibv_mw_bind_info {
+                        mr,
+                        addr: b.addr,
+                        length: b.length,
+                        mw_access_flags: b.access.bits(),
+                    },
+                },
+            };
+        }
         match e.qp_type {
             QpType::Ud => {
                 let ud = w.ud.ok_or(PostError::InvalidWorkRequest(

@@ -55,6 +55,10 @@ pub(super) struct Tables {
     /// Basic SRQs: `BASIC_SRQ_BASE | n`; XRC SRQs: their real SRQ number.
     pub(super) srqs: HashMap<u32, Ptr<ffi::ibv_srq>>,
     pub(super) xrcds: HashMap<u32, Ptr<ffi::ibv_xrcd>>,
+    /// Memory windows by handle.
+    pub(super) mws: HashMap<u32, Ptr<ffi::ibv_mw>>,
+    /// Regions dropped while windows were bound to them (see `mw.rs`).
+    pub(super) zombies: Vec<super::mw::Zombie>,
     /// Address handles of UD sends, cached by (PD, path) until the device closes.
     pub(super) ahs: HashMap<(u32, AhAttr), Ptr<ffi::ibv_ah>>,
     next: u32,
@@ -105,6 +109,20 @@ impl IbvDevice {
             let rc = unsafe { ffi::ibv_destroy_cq(cq.0) };
             if rc != 0 {
                 tracing::warn!(device = %self.name, h, rc, "ibv_destroy_cq failed; leaked");
+            }
+        }
+        for (h, mw) in t.mws.drain() {
+            let rc = super::mw::dealloc(mw);
+            if rc != 0 {
+                tracing::warn!(device = %self.name, h, rc, "ibv_dealloc_mw failed; leaked");
+            }
+        }
+        for z in std::mem::take(&mut t.zombies) {
+            // SAFETY: the MR is live (its deregistration was refused) and only in that list.
+            let rc = unsafe { ffi::ibv_dereg_mr(z.mr.0) };
+            if rc != 0 {
+                tracing::warn!(device = %self.name, rc, "ibv_dereg_mr failed; leaked");
+                std::mem::forget(z);
             }
         }
         for (k, mr) in t.mrs.drain() {

@@ -11,10 +11,10 @@ use crate::error::{PostError, VerbsError};
 use crate::mem::RegisteredMemory;
 use crate::provider::{Provider, SharedXrcd, SoftStats};
 use crate::types::{
-    AccessFlags, DeviceAttr, Gid, Mtu, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, Qpn,
-    WorkCompletion,
+    AccessFlags, DeviceAttr, Gid, Mtu, MwType, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, Qpn,
+    SendFlags, WorkCompletion,
 };
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{MwBindWr, RecvWr, SendWr, WrOpcode};
 
 impl Shared {
     fn port_index(&self, port: u8) -> Result<usize, VerbsError> {
@@ -152,12 +152,55 @@ impl Provider for Shared {
         ))
     }
 
-    fn dereg_mr(&self, key: u32) {
+    fn dereg_mr(&self, key: u32, _mem: &Arc<RegisteredMemory>) {
         // The hosts first: once they answer, none of them writes to the memory any more.
         for c in self.xrc_links().clients() {
             c.unmirror_mr(key);
         }
+        // (With windows bound, the NIC keeps its own reference to the memory until they
+        // close.)
         self.with_nic(|n, _| n.dereg_mr(key));
+    }
+
+    fn dereg_mr_checked(&self, key: u32) -> Result<(), VerbsError> {
+        self.with_nic(|n, _| n.dereg_mr_checked(key))?;
+        for c in self.xrc_links().clients() {
+            c.unmirror_mr(key);
+        }
+        Ok(())
+    }
+
+    fn alloc_mw(&self, pd: u32, mw_type: MwType) -> Result<(u32, u32), VerbsError> {
+        self.with_nic(|n, _| n.alloc_mw(pd, mw_type))
+    }
+
+    fn dealloc_mw(&self, mw: u32) {
+        self.with_nic(|n, _| n.dealloc_mw(mw));
+    }
+
+    fn bind_mw(
+        &self,
+        qpn: Qpn,
+        wr_id: u64,
+        flags: SendFlags,
+        bind: &MwBindWr,
+    ) -> Result<u32, PostError> {
+        self.post_with_nic(|n, now| {
+            let key = n
+                .type1_bind_key(bind.mw)
+                .ok_or(PostError::InvalidWorkRequest(
+                    "ibv_bind_mw binds type 1 memory windows (type 2: a BindMw work request)",
+                ))?;
+            let b = MwBindWr {
+                rkey: crate::types::Rkey(key),
+                type1: true,
+                ..*bind
+            };
+            let mut wr = SendWr::new(wr_id, WrOpcode::BindMw(b), &[]);
+            wr.send_flags = flags;
+            n.post_send(now, qpn, &wr)?;
+            Ok(key)
+        })
     }
 
     fn create_cq(&self, cqe: usize, channel: &Arc<ChannelInner>) -> Result<u32, VerbsError> {

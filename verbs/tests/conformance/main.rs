@@ -12,6 +12,7 @@ mod common;
 mod apm;
 mod batch;
 mod channel;
+mod mw;
 mod rc;
 mod srq;
 mod uc;

@@ -22,10 +22,10 @@ impl Nic {
         access: AccessFlags,
         key: u32,
     ) -> bool {
-        if key == 0 || self.res.mrs.contains_key(&key) {
+        if !self.res.mr_key_free(key) {
             return false;
         }
-        self.res.mrs.insert(key, MrEntry { pd, mem, access });
+        self.res.mrs.insert(key, MrEntry::new(pd, mem, access));
         true
     }
 

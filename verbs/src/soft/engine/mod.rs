@@ -23,6 +23,7 @@ mod apm;
 mod foreign;
 mod idmap;
 mod lists;
+mod mw;
 mod qp;
 mod requester;
 mod responder;
@@ -107,6 +108,23 @@ pub(crate) struct MrEntry {
     pub(crate) pd: u32,
     pub(crate) mem: Arc<RegisteredMemory>,
     pub(crate) access: AccessFlags,
+    /// Memory windows bound to the region.
+    pub(crate) windows: u32,
+    /// Its owner deregistered it while windows were bound: no local access, and it goes
+    /// when the last window closes.
+    pub(crate) orphaned: bool,
+}
+
+impl MrEntry {
+    pub(crate) fn new(pd: u32, mem: Arc<RegisteredMemory>, access: AccessFlags) -> Self {
+        Self {
+            pd,
+            mem,
+            access,
+            windows: 0,
+            orphaned: false,
+        }
+    }
 }
 
 /// A resolved piece of local memory: a registered buffer and a byte range inside it.
@@ -192,6 +210,8 @@ pub(crate) struct Resources {
     pub(crate) mrs: IdMap<MrEntry>,
     cqs: IdMap<Cq>,
     pub(crate) srqs: IdMap<srq::Srq>,
+    /// Memory windows, by index (a window key's upper 24 bits).
+    pub(crate) mws: IdMap<mw::MwEntry>,
     pub(crate) mcast: HashMap<Gid, Vec<u32>>,
     pub(crate) events: VecDeque<AsyncEvent>,
     cq_notify: VecDeque<u32>,
@@ -217,7 +237,7 @@ impl Resources {
                 continue;
             }
             let e = self.mrs.get(&s.lkey.0)?;
-            if e.pd != pd || (write && !e.access.contains(AccessFlags::LOCAL_WRITE)) {
+            if e.pd != pd || e.orphaned || (write && !e.access.contains(AccessFlags::LOCAL_WRITE)) {
                 return None;
             }
             let off = s.addr.checked_sub(e.mem.addr())?;
@@ -234,18 +254,22 @@ impl Resources {
         Some(out)
     }
 
-    /// Checks a remote access (`rkey`, `va`, `len`, permission) under `pd`; returns the
-    /// memory and the offset of `va` in it.
+    /// Checks a remote access (`rkey`, `va`, `len`, permission) by QP `qpn` under `pd`,
+    /// through a memory region or a memory window; returns the memory and the offset of
+    /// `va` in it.
     pub(crate) fn remote(
         &self,
+        qpn: Qpn,
         pd: u32,
         rkey: u32,
         va: u64,
         len: u64,
         need: AccessFlags,
     ) -> Option<(Arc<RegisteredMemory>, usize)> {
-        let e = self.mrs.get(&rkey)?;
-        if e.pd != pd || !e.access.contains(need) {
+        let Some(e) = self.mrs.get(&rkey) else {
+            return self.window(qpn, pd, rkey, va, len, need);
+        };
+        if e.pd != pd || e.orphaned || !e.access.contains(need) {
             return None;
         }
         let off = va.checked_sub(e.mem.addr())?;
@@ -322,6 +346,7 @@ impl Nic {
                 mrs: IdMap::default(),
                 cqs: IdMap::default(),
                 srqs: IdMap::default(),
+                mws: IdMap::default(),
                 mcast: HashMap::new(),
                 events: VecDeque::new(),
                 cq_notify: VecDeque::new(),
@@ -380,16 +405,24 @@ impl Nic {
     pub fn reg_mr(&mut self, pd: u32, mem: Arc<RegisteredMemory>, access: AccessFlags) -> u32 {
         loop {
             let key = self.res.rng.next_u32();
-            if key != 0 && !self.res.mrs.contains_key(&key) {
-                self.res.mrs.insert(key, MrEntry { pd, mem, access });
+            if self.res.mr_key_free(key) {
+                self.res.mrs.insert(key, MrEntry::new(pd, mem, access));
                 return key;
             }
         }
     }
 
-    /// Removes a registration; later accesses with its key fail with protection errors.
+    /// Removes a registration; later accesses with its key fail with protection errors. A
+    /// region with memory windows bound stays (for the windows only) until they close.
     pub fn dereg_mr(&mut self, key: u32) -> bool {
-        self.res.mrs.remove(&key).is_some()
+        match self.res.mrs.get_mut(&key) {
+            Some(e) if e.windows > 0 => {
+                e.orphaned = true;
+                true
+            }
+            Some(_) => self.res.mrs.remove(&key).is_some(),
+            None => false,
+        }
     }
 
     /// Creates a completion queue of `cqe` entries.
@@ -539,6 +572,7 @@ impl Nic {
             return false;
         };
         self.res.counters.qps_destroyed += 1;
+        self.res.unbind_qp(qpn);
         if qp.resp.has_held_ack() {
             qp.resp.release_ack();
             let mut buf = vec![0u8; 512];

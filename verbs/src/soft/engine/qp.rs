@@ -24,11 +24,20 @@ pub(crate) enum WqeKind {
     Read,
     CmpSwap,
     FetchAdd,
+    /// Bind a memory window (runs on this NIC only).
+    Bind,
+    /// Invalidate a memory window (runs on this NIC only).
+    LocalInv,
 }
 
 impl WqeKind {
     pub(crate) fn is_rd_atomic(self) -> bool {
         matches!(self, Self::Read | Self::CmpSwap | Self::FetchAdd)
+    }
+
+    /// Operations that send nothing: they run when they reach the front of the queue.
+    pub(crate) fn is_local(self) -> bool {
+        matches!(self, Self::Bind | Self::LocalInv)
     }
 
     fn wc_opcode(self) -> WcOpcode {
@@ -38,6 +47,8 @@ impl WqeKind {
             Self::Read => WcOpcode::RdmaRead,
             Self::CmpSwap => WcOpcode::CompSwap,
             Self::FetchAdd => WcOpcode::FetchAdd,
+            Self::Bind => WcOpcode::BindMw,
+            Self::LocalInv => WcOpcode::LocalInv,
         }
     }
 }
@@ -62,6 +73,10 @@ pub(crate) struct SendWqe {
     pub(crate) ud: Option<crate::wr::UdDest>,
     /// Remote XRC SRQ of an XRC send.
     pub(crate) xrc_srqn: Option<u32>,
+    /// The key a send with invalidate or a local invalidate names.
+    pub(crate) inv: Option<u32>,
+    /// What a bind does.
+    pub(crate) bind: Option<crate::wr::MwBindWr>,
     pub(crate) started: bool,
     pub(crate) first_psn: Psn,
     /// PSNs this WQE consumes.
@@ -422,15 +437,29 @@ impl Qp {
                 max: self.cap.max_send_sge,
             });
         }
-        let len = wr.total_len();
+        let local = wr.opcode.is_local();
+        let len = if local { 0 } else { wr.total_len() };
         if len > MAX_MSG_SIZE {
             return Err(PostError::MessageTooLong {
                 len,
                 max: MAX_MSG_SIZE,
             });
         }
+        let (mut inv, mut bind) = (None, None);
         let (kind, imm, remote_addr, rkey, compare, swap_add) = match wr.opcode {
             WrOpcode::Send => (WqeKind::Send, None, 0, 0, 0, 0),
+            WrOpcode::SendWithInv { rkey } => {
+                inv = Some(rkey.0);
+                (WqeKind::Send, None, 0, 0, 0, 0)
+            }
+            WrOpcode::LocalInv { rkey } => {
+                inv = Some(rkey.0);
+                (WqeKind::LocalInv, None, 0, 0, 0, 0)
+            }
+            WrOpcode::BindMw(b) => {
+                bind = Some(b);
+                (WqeKind::Bind, None, 0, 0, 0, 0)
+            }
             WrOpcode::SendWithImm { imm } => (WqeKind::Send, Some(imm), 0, 0, 0, 0),
             WrOpcode::RdmaWrite { remote_addr, rkey } => {
                 (WqeKind::Write, None, remote_addr, rkey.0, 0, 0)
@@ -466,7 +495,17 @@ impl Qp {
                     "a UC QP has no RDMA read or atomics (sends and RDMA writes only)",
                 ));
             }
-            QpType::XrcSend if wr.remote_srqn.is_none() => {
+            QpType::Uc | QpType::Ud if inv.is_some() && kind == WqeKind::Send => {
+                return Err(PostError::InvalidWorkRequest(
+                    "send with invalidate is an RC and XRC operation",
+                ));
+            }
+            QpType::Ud if local => {
+                return Err(PostError::InvalidWorkRequest(
+                    "memory window binds and invalidations need a connected QP",
+                ));
+            }
+            QpType::XrcSend if wr.remote_srqn.is_none() && !local => {
                 return Err(PostError::InvalidWorkRequest(
                     "an XRC send needs the remote SRQ number (SendWr::to_srq)",
                 ));
@@ -498,7 +537,9 @@ impl Qp {
             ));
         }
         let mut local_err = None;
-        let payload = if let Some(d) = wr.inline_data {
+        let payload = if local {
+            Payload::Inline(InlineBytes::new(&[]))
+        } else if let Some(d) = wr.inline_data {
             Payload::Inline(InlineBytes::new(d))
         } else {
             let write = kind.is_rd_atomic();
@@ -529,6 +570,8 @@ impl Qp {
             local_err,
             ud,
             xrc_srqn: wr.remote_srqn,
+            inv,
+            bind,
             started: false,
             first_psn: Psn::new(0),
             npsn: 0,

@@ -183,11 +183,13 @@ impl Qp {
             return None;
         }
         let mtu = self.mtu();
-        let cursor = self.req.cursor;
         let draining = self.attr.sq_draining;
+        while !draining && self.run_local_op(res) {}
+        let cursor = self.req.cursor;
         let w = self.req.sq.get(cursor)?;
         if !w.started {
-            if draining {
+            if draining || w.kind.is_local() {
+                // (A local operation waits for everything before it to complete.)
                 return None;
             }
             if let Some(status) = w.local_err {
@@ -262,7 +264,10 @@ impl Qp {
                 let last = off + 1 >= w.npsn;
                 let send = w.kind == WqeKind::Send;
                 let imm = w.imm.filter(|_| last);
+                let inv = w.inv.filter(|_| last && send);
                 let opcode = match (send, first, last, imm.is_some()) {
+                    (true, true, true, _) if inv.is_some() => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+                    (true, false, true, _) if inv.is_some() => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
                     (true, true, true, false) => Opcode::RC_SEND_ONLY,
                     (true, true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
                     (true, true, false, _) => Opcode::RC_SEND_FIRST,
@@ -283,6 +288,7 @@ impl Qp {
                     self.qp_type != QpType::Uc && (last || (off + 1).is_multiple_of(ACK_REQ_EVERY));
                 hdr.bth = bth(opcode, ack_req, solicited);
                 hdr.immdt = imm;
+                hdr.ieth = inv;
                 if !send && first {
                     hdr.reth = Some(RethRepr {
                         va: w.remote_addr,
@@ -303,6 +309,7 @@ impl Qp {
                 });
                 self.build(&hdr, 0, buf, |_| {})?
             }
+            WqeKind::Bind | WqeKind::LocalInv => return None,
             WqeKind::CmpSwap | WqeKind::FetchAdd => {
                 let opcode = if w.kind == WqeKind::CmpSwap {
                     Opcode::RC_COMPARE_SWAP
@@ -341,6 +348,44 @@ impl Qp {
             self.req.arm_rto(now);
         }
         Some(t)
+    }
+
+    /// Runs the local operation (bind, local invalidate) at the front of the send queue, if
+    /// that is what the front is and nothing before it is outstanding. True when one ran.
+    fn run_local_op(&mut self, res: &mut Resources) -> bool {
+        match self.req.sq.front() {
+            Some(w) if self.req.cursor == 0 && !w.started && w.kind.is_local() => {}
+            _ => return false,
+        }
+        let Some(w) = self.req.sq.pop_front() else {
+            return false;
+        };
+        let result = match (w.kind, w.bind, w.inv) {
+            (WqeKind::Bind, Some(b), _) => res.exec_bind(self.qpn, self.pd, &b),
+            (WqeKind::LocalInv, _, Some(rkey)) => {
+                if res.invalidate(self.qpn, self.pd, rkey, false) {
+                    Ok(())
+                } else {
+                    Err(WcStatus::LocQpOpErr)
+                }
+            }
+            _ => Err(WcStatus::LocQpOpErr),
+        };
+        match result {
+            Ok(()) => {
+                if self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+                    let wc = self.send_wc(&w, WcStatus::Success);
+                    res.complete(self.send_cq, wc, false);
+                }
+                true
+            }
+            Err(status) => {
+                let wc = self.send_wc(&w, status);
+                res.complete(self.send_cq, wc, false);
+                self.fatal(res);
+                false
+            }
+        }
     }
 
     /// Completes `sq[0]` successfully.

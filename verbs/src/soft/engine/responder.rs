@@ -344,15 +344,27 @@ impl Qp {
         *got += payload.len();
         if last {
             let (wr_id, got) = (*wr_id, *got);
+            // A send with invalidate closes the window it names as it is delivered; a key
+            // that names no type 2 window bound to this QP is an invalid request.
+            if let Some(rkey) = hdr.ieth
+                && !res.invalidate(self.qpn, self.pd, rkey, true)
+            {
+                self.responder_error(res, psn, Violation::InvalidRequest);
+                return;
+            }
             self.resp.cur = None;
             self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
-            let wc = self.recv_wc(
+            let mut wc = self.recv_wc(
                 wr_id,
                 WcStatus::Success,
                 WcOpcode::Recv,
                 got as u32,
                 hdr.immdt,
             );
+            if let Some(rkey) = hdr.ieth {
+                wc.imm_data = rkey;
+                wc.wc_flags |= crate::types::WcFlags::WITH_INV;
+            }
             res.complete(self.recv_cq, wc, hdr.bth.solicited);
         }
         self.resp.epsn = psn.add(1);
@@ -409,6 +421,7 @@ impl Qp {
                 (None, 0)
             } else {
                 match res.remote(
+                    self.qpn,
                     self.pd,
                     rkey,
                     va,
@@ -486,7 +499,14 @@ impl Qp {
         let (mem, off) = if len == 0 {
             (None, 0)
         } else {
-            match res.remote(self.pd, rkey, va, len as u64, AccessFlags::REMOTE_READ) {
+            match res.remote(
+                self.qpn,
+                self.pd,
+                rkey,
+                va,
+                len as u64,
+                AccessFlags::REMOTE_READ,
+            ) {
                 Some((m, o)) => (Some(m), o),
                 None => {
                     self.responder_error(res, psn, Violation::RemoteAccess);
@@ -531,8 +551,14 @@ impl Qp {
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
         }
-        let Some((mem, off)) = res.remote(self.pd, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
-        else {
+        let Some((mem, off)) = res.remote(
+            self.qpn,
+            self.pd,
+            a.rkey,
+            a.va,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+        ) else {
             self.responder_error(res, psn, Violation::RemoteAccess);
             return;
         };
@@ -594,7 +620,7 @@ impl Qp {
                 let (mem, off) = if len == 0 {
                     (None, 0)
                 } else {
-                    match res.remote(self.pd, rkey, va, len, AccessFlags::REMOTE_READ) {
+                    match res.remote(self.qpn, self.pd, rkey, va, len, AccessFlags::REMOTE_READ) {
                         Some((m, o)) => (Some(m), o),
                         None => {
                             res.counters.rx_dropped_seq += 1;

@@ -194,6 +194,7 @@ impl Qp {
                 Some((None, 0))
             } else if self.allows(AccessFlags::REMOTE_WRITE) {
                 res.remote(
+                    self.qpn,
                     self.pd,
                     reth.rkey,
                     reth.va,

@@ -417,7 +417,10 @@ impl Provider for Client {
     ) -> Result<(u32, u32), VerbsError> {
         Err(VerbsError::Unsupported(NOT_HERE))
     }
-    fn dereg_mr(&self, _lkey: u32) {}
+    fn dereg_mr(&self, _lkey: u32, _mem: &Arc<RegisteredMemory>) {}
+    fn dereg_mr_checked(&self, _lkey: u32) -> Result<(), VerbsError> {
+        Err(VerbsError::Unsupported(NOT_HERE))
+    }
     fn create_cq(&self, _cqe: usize, _ch: &Arc<ChannelInner>) -> Result<u32, VerbsError> {
         Err(VerbsError::Unsupported(NOT_HERE))
     }
