@@ -52,6 +52,7 @@ impl Rogue {
                     max_inline_data: 256,
                 },
                 sq_sig_all: true,
+                send_ops: rdmx_verbs::SendOps::EMPTY,
             })
             .unwrap();
         let mr = pd

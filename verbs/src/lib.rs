@@ -51,6 +51,7 @@ pub mod soft;
 pub mod srq;
 pub mod types;
 pub mod wr;
+pub mod wr_batch;
 pub mod xrc;
 
 mod mem;
@@ -73,4 +74,5 @@ pub use srq::{SharedReceiveQueue, SrqAttr, SrqInitAttr};
 pub use types::*;
 pub use vocab::{AsyncEvent, FaultStats, NicCounters};
 pub use wr::{MwBindWr, RecvWr, SendWr, Sge, UdDest, WrOpcode};
+pub use wr_batch::{WrBatch, WrError};
 pub use xrc::XrcDomain;

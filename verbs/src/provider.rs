@@ -13,7 +13,7 @@ use crate::mem::RegisteredMemory;
 use crate::os::ChannelInner;
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, MwType, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, Qpn,
-    SendFlags, WorkCompletion,
+    SendFlags, SendOps, WorkCompletion,
 };
 use crate::vocab::FaultStats;
 use crate::vocab::{AsyncEvent, NicCounters, QpConfig, SrqState};
@@ -117,6 +117,17 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
         self.query_qp(qpn).map(|(a, _)| a.qp_state)
     }
     fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)>;
+    /// Posts `wrs` whole or not at all (`ibv_wr_complete`): a provider that can, checks
+    /// every request before queueing the first. `send_ops` are the operations the QP was
+    /// created for (`ibv_qp_init_attr_ex.send_ops_flags`; empty when it was not).
+    fn post_send_all(
+        &self,
+        qpn: Qpn,
+        wrs: &[SendWr<'_>],
+        _send_ops: SendOps,
+    ) -> Result<(), (usize, PostError)> {
+        self.post_send(qpn, wrs)
+    }
     fn post_recv(&self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError>;
     fn attach_mcast(&self, qpn: Qpn, gid: Gid, port: u8) -> Result<(), VerbsError>;
     fn detach_mcast(&self, qpn: Qpn, gid: Gid, port: u8) -> Result<(), VerbsError>;

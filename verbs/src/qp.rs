@@ -7,7 +7,7 @@ use crate::error::{PostError, VerbsError};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::provider::Provider;
 use crate::srq::{SharedReceiveQueue, SrqInner};
-use crate::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn};
+use crate::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn, SendOps};
 use crate::vocab::QpConfig;
 use crate::wr::{RecvWr, SendWr};
 use crate::xrc::XrcDomain;
@@ -27,6 +27,13 @@ pub struct QpInitAttr<'a> {
     pub sq_sig_all: bool,
     /// Take receive WQEs from this shared receive queue instead of an own receive queue.
     pub srq: Option<&'a SharedReceiveQueue>,
+    /// The operations the batch posting API ([`QueuePair::wr_start`]) will post
+    /// (`send_ops_flags` of `ibv_qp_init_attr_ex`). A batch with another operation fails
+    /// at [`WrBatch::complete`](crate::WrBatch::complete). Empty (the default): the QP is
+    /// created plainly, and a batch takes any operation the QP type has; on libibverbs it
+    /// is then posted with `ibv_post_send` rather than `ibv_wr_*`, so a device refusing a
+    /// request mid-batch leaves the requests before it posted.
+    pub send_ops: SendOps,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -39,6 +46,7 @@ impl<'a> QpInitAttr<'a> {
             cap: QpCap::default(),
             sq_sig_all: false,
             srq: None,
+            send_ops: SendOps::EMPTY,
         }
     }
 
@@ -83,6 +91,10 @@ pub struct QueuePair {
     via: Option<Arc<dyn Provider>>,
     /// Multicast groups this QP is attached to, with the port they were joined on.
     groups: parking_lot::Mutex<Vec<(Gid, u8)>>,
+    /// The operations it was created for (batch posting).
+    pub(crate) send_ops: SendOps,
+    /// Held by an open batch (`wr_start` … `complete` / `abort`): one batch at a time.
+    pub(crate) wr_lock: parking_lot::Mutex<()>,
 }
 
 impl QueuePair {
@@ -105,6 +117,7 @@ impl QueuePair {
             sq_sig_all: a.sq_sig_all,
             srq: a.srq.map(|s| s.id()),
             xrcd: None,
+            send_ops: a.send_ops,
         })?;
         Ok(Self {
             pd: pd.inner.clone(),
@@ -116,6 +129,8 @@ impl QueuePair {
             _xrcd: None,
             via: None,
             groups: parking_lot::Mutex::new(Vec::new()),
+            send_ops: a.send_ops,
+            wr_lock: parking_lot::Mutex::new(()),
         })
     }
 
@@ -188,6 +203,11 @@ impl QueuePair {
         self.dev().post_send(qpn, wrs)
     }
 
+    /// Posts a batch whole or not at all (see `wr_batch.rs`).
+    pub(crate) fn post_send_all(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        self.dev().post_send_all(self.qpn, wrs, self.send_ops)
+    }
+
     /// Posts a type 1 memory-window bind (see `mw.rs`); returns the window's new key.
     pub(crate) fn bind_mw_raw(
         &self,
@@ -255,6 +275,7 @@ impl QueuePair {
                 sq_sig_all: false,
                 srq: None,
                 xrcd: Some(d),
+                send_ops: SendOps::EMPTY,
             })?;
         Ok(Self {
             pd: pd.inner.clone(),
@@ -266,6 +287,8 @@ impl QueuePair {
             _xrcd: Some(xrcd.clone()),
             via,
             groups: parking_lot::Mutex::new(Vec::new()),
+            send_ops: SendOps::EMPTY,
+            wr_lock: parking_lot::Mutex::new(()),
         })
     }
 

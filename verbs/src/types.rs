@@ -401,6 +401,34 @@ bitflags_u32! {
 }
 
 bitflags_u32! {
+    /// The operations a QP is created for (`ibv_qp_create_send_ops_flags`, the
+    /// `send_ops_flags` of `ibv_qp_init_attr_ex`), for the batch posting API
+    /// (`QueuePair::wr_start`).
+    SendOps {
+        /// RDMA write.
+        RDMA_WRITE = 1;
+        /// RDMA write with immediate.
+        RDMA_WRITE_WITH_IMM = 2;
+        /// Send.
+        SEND = 4;
+        /// Send with immediate.
+        SEND_WITH_IMM = 8;
+        /// RDMA read.
+        RDMA_READ = 16;
+        /// Atomic compare-and-swap.
+        ATOMIC_CMP_AND_SWP = 32;
+        /// Atomic fetch-and-add.
+        ATOMIC_FETCH_AND_ADD = 64;
+        /// Local invalidate.
+        LOCAL_INV = 128;
+        /// Memory window bind.
+        BIND_MW = 256;
+        /// Send with invalidate.
+        SEND_WITH_INV = 512;
+    }
+}
+
+bitflags_u32! {
     /// Work completion flags (`ibv_wc_flags`).
     WcFlags {
         /// A GRH is present in the first 40 bytes of the receive buffer (UD).

@@ -123,6 +123,8 @@ pub struct QpConfig {
     pub srq: Option<u32>,
     /// XRC domain (XRC target QPs).
     pub xrcd: Option<u32>,
+    /// Operations of the batch posting API (`send_ops_flags`; empty: created plainly).
+    pub send_ops: crate::types::SendOps,
 }
 
 impl QpConfig {
@@ -137,6 +139,7 @@ impl QpConfig {
             sq_sig_all: false,
             srq: None,
             xrcd: None,
+            send_ops: crate::types::SendOps::EMPTY,
         }
     }
 }

@@ -25,6 +25,7 @@ mod mw;
 mod post;
 mod qp;
 mod tables;
+mod wr;
 mod xrc;
 
 use std::ffi::CStr;
@@ -45,7 +46,7 @@ use crate::os::ChannelInner;
 use crate::provider::Provider;
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, Mtu, MwType, PortAttr, PortState, QpAttr, QpAttrMask, QpCap,
-    QpState, Qpn, SendFlags, WorkCompletion,
+    QpState, Qpn, SendFlags, SendOps, WorkCompletion,
 };
 use crate::vocab::{AsyncEvent, QpConfig, SrqState};
 use crate::wr::{MwBindWr, RecvWr, SendWr};
@@ -494,6 +495,15 @@ impl Provider for IbvDevice {
 
     fn post_send(&self, qpn: Qpn, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
         Self::post_send(self, qpn, wrs)
+    }
+
+    fn post_send_all(
+        &self,
+        qpn: Qpn,
+        wrs: &[SendWr<'_>],
+        _send_ops: SendOps,
+    ) -> Result<(), (usize, PostError)> {
+        Self::post_send_all(self, qpn, wrs)
     }
 
     fn post_recv(&self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError> {

@@ -11,7 +11,7 @@ use crate::wr::{RecvWr, SendWr, Sge, WrOpcode};
 /// Handles of basic SRQs have this bit set (XRC SRQs use their 24-bit SRQ number).
 pub(super) const BASIC_SRQ_BASE: u32 = 1 << 24;
 
-fn raw_sge(s: &Sge) -> ffi::ibv_sge {
+pub(super) fn raw_sge(s: &Sge) -> ffi::ibv_sge {
     ffi::ibv_sge {
         addr: s.addr,
         length: s.length,
@@ -20,7 +20,7 @@ fn raw_sge(s: &Sge) -> ffi::ibv_sge {
 }
 
 /// The `PostError` for a libibverbs post failure (`rc` is an errno).
-fn post_err(rc: i32, what: &'static str, depth: u32) -> PostError {
+pub(super) fn post_err(rc: i32, what: &'static str, depth: u32) -> PostError {
     match rc {
         libc::ENOMEM => PostError::QueueFull { what, depth },
         libc::EINVAL => PostError::InvalidWorkRequest("rejected by the device (EINVAL)"),
@@ -31,7 +31,7 @@ fn post_err(rc: i32, what: &'static str, depth: u32) -> PostError {
 /// Rejects an inline send (inline data, or the `INLINE` flag on SGEs) longer than `max`,
 /// the QP's limit as `ibv_create_qp` granted it. Checked here because providers report it
 /// as ENOMEM (mlx5, for one), which would read as a full queue.
-fn check_inline(w: &SendWr<'_>, max: u32) -> Result<(), PostError> {
+pub(super) fn check_inline(w: &SendWr<'_>, max: u32) -> Result<(), PostError> {
     if w.inline_data.is_none() && !w.send_flags.contains(SendFlags::INLINE) {
         return Ok(());
     }

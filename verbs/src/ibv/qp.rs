@@ -5,7 +5,7 @@ use super::{IbvDevice, Ptr, QpEntry, ffi, io_err, last_err, mtu_from};
 use crate::error::VerbsError;
 use crate::qp_state as state;
 use crate::types::{
-    AccessFlags, AhAttr, Gid, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn,
+    AccessFlags, AhAttr, Gid, MigState, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn, SendOps,
 };
 use crate::vocab::QpConfig;
 
@@ -204,19 +204,41 @@ impl IbvDevice {
             qp_type,
             sq_sig_all: std::os::raw::c_int::from(cfg.sq_sig_all),
         };
-        // SAFETY: the PD, CQs and SRQ are live (the caller holds their public objects) and
-        // `init` is a live, fully initialised attribute struct the call reads and updates.
-        let qp = unsafe { ffi::ibv_create_qp(pd.0, &raw mut init) };
-        if qp.is_null() {
-            return Err(last_err("ibv_create_qp"));
-        }
+        let (qp, qpx, cap) = if cfg.send_ops == SendOps::EMPTY {
+            // SAFETY: the PD, CQs and SRQ are live (the caller holds their public objects)
+            // and `init` is a live, fully initialised attribute struct the call reads and
+            // updates.
+            let qp = unsafe { ffi::ibv_create_qp(pd.0, &raw mut init) };
+            if qp.is_null() {
+                return Err(last_err("ibv_create_qp"));
+            }
+            (qp, None, cap_from(&init.cap))
+        } else {
+            // With send ops: the extended QP whose `ibv_wr_*` posting batches use.
+            // SAFETY: a plain C struct; all-zero bytes are valid.
+            let mut ex: ffi::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+            ex.send_cq = init.send_cq;
+            ex.recv_cq = init.recv_cq;
+            ex.srq = init.srq;
+            ex.cap = init.cap;
+            ex.qp_type = init.qp_type;
+            ex.sq_sig_all = init.sq_sig_all;
+            ex.comp_mask = ffi::IBV_QP_INIT_ATTR_PD | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            ex.pd = pd.0;
+            ex.send_ops_flags = u64::from(cfg.send_ops.bits());
+            let qp = self.create_qp_ex(&mut ex)?;
+            // SAFETY: a live QP created with send ops, which is an `ibv_qp_ex`.
+            let qpx = unsafe { ffi::ibv_qp_to_qp_ex(qp) };
+            (qp, (!qpx.is_null()).then_some(Ptr(qpx)), cap_from(&ex.cap))
+        };
         // SAFETY: non-null QP just created; its number is a plain field.
         let qpn = unsafe { (*qp).qp_num };
         let entry = QpEntry {
             qp: Ptr(qp),
             pd: cfg.pd,
             qp_type: cfg.qp_type,
-            cap: cap_from(&init.cap),
+            cap,
+            qpx,
         };
         self.t.lock().qps.insert(qpn, entry);
         Ok(Qpn(qpn))

@@ -40,6 +40,8 @@ pub(super) struct QpEntry {
     pub(super) pd: u32,
     pub(super) qp_type: QpType,
     pub(super) cap: QpCap,
+    /// The extended QP of one created with send ops (`ibv_wr_*` posting), else `None`.
+    pub(super) qpx: Option<Ptr<ffi::ibv_qp_ex>>,
 }
 
 /// Every object created on the device, by rdmx handle. Destroyed children are removed by

@@ -227,8 +227,25 @@ impl IbvDevice {
             // What the library wrote back into `init` (a target QP has no queues of its
             // own, so all zeros on the providers we know of).
             cap: cap_from(&init.cap),
+            qpx: None,
         };
         self.t.lock().qps.insert(qpn, entry);
         Ok(Qpn(qpn))
+    }
+
+    /// `ibv_create_qp_ex` with `init` (which the call updates).
+    pub(super) fn create_qp_ex(
+        &self,
+        init: &mut ffi::ibv_qp_init_attr_ex,
+    ) -> Result<*mut ffi::ibv_qp, VerbsError> {
+        let ctx = self.ctx;
+        let create = op!(ctx, create_qp_ex, CreateQpEx).ok_or_else(not_supported)?;
+        // SAFETY: `ctx` is live, `init` is a live, initialised attribute struct whose
+        // pointers (PD, CQs, SRQ) name live objects; the op was checked present.
+        let qp = unsafe { create(ctx, init) };
+        if qp.is_null() {
+            return Err(last_err("ibv_create_qp_ex"));
+        }
+        Ok(qp)
     }
 }

@@ -12,7 +12,7 @@ use crate::mem::RegisteredMemory;
 use crate::provider::{Provider, SharedXrcd, SoftStats};
 use crate::types::{
     AccessFlags, DeviceAttr, Gid, Mtu, MwType, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, Qpn,
-    SendFlags, WorkCompletion,
+    SendFlags, SendOps, WorkCompletion,
 };
 use crate::wr::{MwBindWr, RecvWr, SendWr, WrOpcode};
 
@@ -267,6 +267,15 @@ impl Provider for Shared {
             }
             Ok(())
         })
+    }
+
+    fn post_send_all(
+        &self,
+        qpn: Qpn,
+        wrs: &[SendWr<'_>],
+        _send_ops: SendOps,
+    ) -> Result<(), (usize, PostError)> {
+        self.post_with_nic(|n, _| n.post_send_all(qpn, wrs))
     }
 
     fn post_recv(&self, qpn: Qpn, wr: &RecvWr<'_>) -> Result<(), PostError> {

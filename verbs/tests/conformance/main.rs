@@ -17,5 +17,6 @@ mod rc;
 mod srq;
 mod uc;
 mod ud;
+mod wr_api;
 mod xrc;
 mod xrc_shared;

@@ -24,6 +24,7 @@ mod foreign;
 mod idmap;
 mod lists;
 mod mw;
+mod post;
 mod qp;
 mod requester;
 mod responder;
@@ -504,6 +505,8 @@ impl Nic {
             sq_sig_all,
             srq,
             xrcd,
+            // Every operation is available on every QP of this NIC that has it.
+            send_ops: _,
         } = *c;
         if !matches!(
             qp_type,
@@ -611,7 +614,21 @@ impl Nic {
     pub fn post_send(&mut self, now: u64, qpn: Qpn, wr: &SendWr<'_>) -> Result<(), PostError> {
         self.timers_dirty = true;
         let qp = self.qps.get_mut(&qpn.0).ok_or(PostError::Destroyed)?;
-        qp.post_send(now, &mut self.res, wr)?;
+        let _ = now;
+        qp.post_send(&mut self.res, wr)?;
+        Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
+        Ok(())
+    }
+
+    /// Posts a batch whole or not at all (`ibv_wr_complete`).
+    pub fn post_send_all(
+        &mut self,
+        qpn: Qpn,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), (usize, PostError)> {
+        self.timers_dirty = true;
+        let qp = self.qps.get_mut(&qpn.0).ok_or((0, PostError::Destroyed))?;
+        qp.post_send_all(&mut self.res, wrs)?;
         Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
         Ok(())
     }

@@ -354,6 +354,7 @@ impl Host {
                     sq_sig_all: false,
                     srq: None,
                     xrcd: Some(self.xrcd),
+                    send_ops: crate::types::SendOps::EMPTY,
                 };
                 match dev.with_nic(|n, _| n.create_qp(&cfg)) {
                     Ok(qpn) => {
