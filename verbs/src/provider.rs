@@ -141,6 +141,30 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
         max_wr: u32,
         max_sge: u32,
     ) -> Result<u32, VerbsError>;
+    /// A tag-matching SRQ whose list operations complete on `cq`.
+    fn create_srq_tm(
+        &self,
+        _pd: u32,
+        _max_wr: u32,
+        _max_sge: u32,
+        _tm: crate::tm::TmCaps,
+        _cq: u32,
+    ) -> Result<u32, VerbsError> {
+        Err(VerbsError::Unsupported(
+            "tag-matching SRQs on this provider",
+        ))
+    }
+    /// `ibv_post_srq_ops`; one handle per operation (an `Add`'s, else 0).
+    fn post_srq_ops(
+        &self,
+        _srq: u32,
+        _ops: &[crate::tm::OpsWr<'_>],
+    ) -> Result<Vec<u32>, (usize, PostError)> {
+        Err((
+            0,
+            PostError::InvalidWorkRequest("tag-matching SRQs are not supported on this provider"),
+        ))
+    }
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError>;
     fn post_srq_recv(&self, srq: u32, wr: &RecvWr<'_>) -> Result<(), PostError>;
     /// Posts several receive WQEs in order; stops at the first that fails and returns its

@@ -36,6 +36,8 @@ impl Default for SrqInitAttr {
 pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     pub(crate) id: u32,
+    /// The CQ a tag-matching SRQ completes its list operations on (kept alive).
+    _cq: Option<Arc<crate::cq::CqInner>>,
     /// The provider the SRQ lives on when it is not the PD's device (an XRC SRQ of a
     /// shared domain hosted by another soft device).
     via: Option<Arc<dyn Provider>>,
@@ -96,9 +98,48 @@ impl SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: pd.inner.clone(),
                 id,
+                _cq: None,
                 via,
             }),
         })
+    }
+
+    /// A tag-matching SRQ (see `tm.rs`).
+    pub(crate) fn create_tm(
+        pd: &ProtectionDomain,
+        a: &SrqInitAttr,
+        tm: crate::tm::TmCaps,
+        cq: &CompletionQueue,
+    ) -> Result<Self, VerbsError> {
+        let dev = pd.inner.ctx.dev();
+        if !Arc::ptr_eq(&cq.inner.ctx.inner, &pd.inner.ctx.inner) {
+            return Err(VerbsError::InvalidArgument(
+                "completion queue belongs to another device".into(),
+            ));
+        }
+        let id = dev.create_srq_tm(pd.inner.id, a.max_wr, a.max_sge, tm, cq.inner.id)?;
+        if a.srq_limit > 0
+            && let Err(e) = dev.modify_srq(id, None, Some(a.srq_limit))
+        {
+            let _ = dev.destroy_srq(id);
+            return Err(e);
+        }
+        Ok(Self {
+            inner: Arc::new(SrqInner {
+                pd: pd.inner.clone(),
+                id,
+                _cq: Some(cq.inner.clone()),
+                via: None,
+            }),
+        })
+    }
+
+    /// `ibv_post_srq_ops` (see `tm.rs`).
+    pub(crate) fn srq_ops(
+        &self,
+        ops: &[crate::tm::OpsWr<'_>],
+    ) -> Result<Vec<u32>, (usize, PostError)> {
+        self.inner.dev().post_srq_ops(self.inner.id, ops)
     }
 
     pub(crate) fn id(&self) -> u32 {

@@ -314,13 +314,15 @@ macro_rules! bitflags_u32 {
             }
         }
 
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 write!(f, "{}({})", stringify!($name), self.names().join(" | "))
             }
         }
     };
 }
+
+pub(crate) use bitflags_u32;
 
 bitflags_u32! {
     /// Memory region and QP access flags (`ibv_access_flags`).
@@ -439,6 +441,14 @@ bitflags_u32! {
         IP_CSUM_OK = 4;
         /// `invalidated_rkey` is valid.
         WITH_INV = 8;
+        /// Tag matching: the SRQ's unexpected-message count is ahead of the count the
+        /// application last reported (`IBV_WC_TM_SYNC_REQ`): send a sync.
+        TM_SYNC_REQ = 16;
+        /// Tag matching: the message matched a posted tag (`IBV_WC_TM_MATCH`).
+        TM_MATCH = 32;
+        /// Tag matching: the matched message's data is in the tag's buffer
+        /// (`IBV_WC_TM_DATA_VALID`).
+        TM_DATA_VALID = 64;
     }
 }
 
@@ -722,6 +732,18 @@ pub struct WorkCompletion {
     /// Source LID: 0 on RoCE. The soft provider reports the sender's UDP port here for UD
     /// receives, so `AddressHandle::from_work_completion` can build a reply path.
     pub slid: u16,
+    /// Tag-matching receives (`WcOpcode::TmRecv`): the message's tag and application
+    /// context (`ibv_wc_read_tm_info`); zero otherwise.
+    pub tm: TmInfo,
+}
+
+/// The tag-matching fields of a completion (`struct ibv_wc_tm_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TmInfo {
+    /// The message's tag.
+    pub tag: u64,
+    /// The message's application context (the TMH's `app_ctx`, `priv` in verbs).
+    pub app_ctx: u32,
 }
 
 impl WorkCompletion {
@@ -737,6 +759,7 @@ impl WorkCompletion {
         wc_flags: WcFlags::EMPTY,
         vendor_err: 0,
         slid: 0,
+        tm: TmInfo { tag: 0, app_ctx: 0 },
     };
 
     /// True when the status is `Success`.
@@ -970,6 +993,11 @@ pub struct DeviceAttr {
     pub auto_path_mig: bool,
     /// Maximum multicast groups (0 = not supported).
     pub max_mcast_grp: u32,
+    /// Tag matching: most tags a tag-matching SRQ can hold (`ibv_tm_caps.max_num_tags`;
+    /// 0 = no tag-matching SRQs).
+    pub max_num_tags: u32,
+    /// Memory windows supported (`max_mw` > 0).
+    pub memory_windows: bool,
 }
 
 /// Port state (`ibv_port_state`).

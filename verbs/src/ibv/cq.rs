@@ -151,6 +151,8 @@ impl RawWc {
             wc_flags: flags,
             vendor_err: self.vendor_err,
             slid: self.slid,
+            // (The tag and context of a tag-matching receive need an extended CQ.)
+            tm: crate::types::TmInfo::default(),
         }
     }
 }

@@ -310,6 +310,10 @@ impl Provider for IbvDevice {
             xrc: a.device_cap_flags & ffi::IBV_DEVICE_XRC != 0,
             auto_path_mig: a.device_cap_flags & ffi::IBV_DEVICE_AUTO_PATH_MIG != 0,
             max_mcast_grp: nonneg(a.max_mcast_grp),
+            // Tag matching on libibverbs needs ibv_query_device_ex's tm_caps and the
+            // verbs_context ops, which rdmx does not map yet: reported as absent.
+            max_num_tags: 0,
+            memory_windows: a.max_mw > 0,
         }
     }
 

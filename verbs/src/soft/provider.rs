@@ -58,6 +58,8 @@ impl Provider for Shared {
             xrc: true,
             auto_path_mig: true,
             max_mcast_grp: 1 << 10,
+            max_num_tags: crate::soft::engine::MAX_NUM_TAGS,
+            memory_windows: true,
         }
     }
 
@@ -308,6 +310,25 @@ impl Provider for Shared {
             Some((xrcd, cq)) => n.create_xrc_srq(pd, xrcd, cq, max_wr, max_sge),
             None => n.create_srq(pd, max_wr, max_sge),
         })
+    }
+
+    fn create_srq_tm(
+        &self,
+        pd: u32,
+        max_wr: u32,
+        max_sge: u32,
+        tm: crate::tm::TmCaps,
+        cq: u32,
+    ) -> Result<u32, VerbsError> {
+        self.with_nic(|n, _| n.create_tm_srq(pd, max_wr, max_sge, tm, cq))
+    }
+
+    fn post_srq_ops(
+        &self,
+        srq: u32,
+        ops: &[crate::tm::OpsWr<'_>],
+    ) -> Result<Vec<u32>, (usize, PostError)> {
+        self.with_nic(|n, _| n.post_srq_ops(srq, ops))
     }
 
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError> {

@@ -30,6 +30,7 @@ mod requester;
 mod responder;
 mod rng;
 mod srq;
+mod tm;
 mod uc;
 mod ud;
 
@@ -55,6 +56,7 @@ pub use crate::vocab::SrqState;
 pub use crate::vocab::{AsyncEvent, NicCounters, QpConfig};
 pub(crate) use qp::Qp;
 pub use rng::Rng;
+pub use tm::MAX_NUM_TAGS;
 
 /// Static configuration of a soft NIC.
 #[derive(Debug, Clone)]

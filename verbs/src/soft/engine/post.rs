@@ -211,6 +211,7 @@ impl Qp {
             xrc_srqn: wr.remote_srqn,
             inv,
             bind,
+            tm: None,
             started: false,
             first_psn: Psn::new(0),
             npsn: 0,

@@ -77,6 +77,8 @@ pub(crate) struct SendWqe {
     pub(crate) inv: Option<u32>,
     /// What a bind does.
     pub(crate) bind: Option<crate::wr::MwBindWr>,
+    /// An internal WQE of tag matching (a rendezvous read, a FIN).
+    pub(crate) tm: Option<super::tm::TmWqe>,
     pub(crate) started: bool,
     pub(crate) first_psn: Psn,
     /// PSNs this WQE consumes.
@@ -352,8 +354,10 @@ impl Qp {
         self.attr.cur_qp_state = QpState::Err;
         self.req.timers_off();
         while let Some(w) = self.req.sq.pop_front() {
-            let wc = self.send_wc(&w, WcStatus::WrFlushErr);
-            res.complete(self.send_cq, wc, false);
+            if !self.tm_wqe_done(res, &w, WcStatus::WrFlushErr) {
+                let wc = self.send_wc(&w, WcStatus::WrFlushErr);
+                res.complete(self.send_cq, wc, false);
+            }
         }
         self.req.cursor = 0;
         self.uc_return_wqe(res);

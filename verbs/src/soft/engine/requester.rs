@@ -402,6 +402,9 @@ impl Qp {
             self.req.rd_atomic_out = self.req.rd_atomic_out.saturating_sub(1);
         }
         self.req.una = w.last_psn().add(1);
+        if self.tm_wqe_done(res, &w, WcStatus::Success) {
+            return;
+        }
         if self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
             let wc = self.send_wc(&w, WcStatus::Success);
             res.complete(self.send_cq, wc, false);
@@ -410,7 +413,9 @@ impl Qp {
 
     /// Completes `sq[0]` with an error status and moves the QP to ERR.
     fn fail_front(&mut self, res: &mut Resources, status: WcStatus) {
-        if let Some(w) = self.req.sq.pop_front() {
+        if let Some(w) = self.req.sq.pop_front()
+            && !self.tm_wqe_done(res, &w, status)
+        {
             let wc = self.send_wc(&w, status);
             res.complete(self.send_cq, wc, false);
         }

@@ -7,11 +7,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::qp::{Qp, RecvWqe};
+use super::tm::{RecvKind, TmDecision};
 use super::{AsyncEvent, Resources, Seg, Transmit, scatter};
 use crate::mem::RegisteredMemory;
 use crate::soft::wire::{AethRepr, AtomicAckEthRepr, BthRepr, NakCode, Opcode};
 use crate::soft::wire::{PacketHeaders, RethRepr};
-use crate::types::{AccessFlags, Psn, WcOpcode, WcStatus};
+use crate::tm::TMH_LEN;
+use crate::types::{AccessFlags, Psn, WcFlags, WcOpcode, WcStatus};
 
 /// A message being received.
 #[derive(Debug)]
@@ -21,6 +23,8 @@ pub(super) enum Inbound {
         segs: super::OneOrMany<Seg>,
         cap: usize,
         got: usize,
+        /// How the receive completes (plain, or a tag-matching kind).
+        kind: RecvKind,
     },
     Write {
         mem: Option<Arc<RegisteredMemory>>,
@@ -298,44 +302,111 @@ impl Qp {
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
         }
+        let mut data = payload;
         if first {
-            let Some(wqe) = self.take_recv(res) else {
-                res.counters.rnr_naks_sent += 1;
-                // One NAK per gap: the requester resends from this PSN after its RNR wait,
-                // so the packets behind it are dropped without a sequence NAK.
-                self.resp.nak_sent = true;
-                let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
-                self.resp.push_out(RespOut::Ack { psn, aeth });
-                return;
+            let tm = match self.srq {
+                Some(id) => res.tm_classify(id, payload, last),
+                None => None,
             };
-            let Some(segs) = res.resolve(self.recv_pd(res), &wqe.sges, true) else {
-                let wc = self.recv_wc(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None);
-                res.complete(self.recv_cq, wc, false);
-                self.responder_error(res, psn, Violation::RemoteOperational);
-                return;
-            };
-            let cap = segs.iter().map(|s| s.len).sum();
-            let wr_id = wqe.wr_id;
-            self.resp.cur = Some(Inbound::Send {
-                wr_id,
-                segs,
-                cap,
-                got: 0,
-            });
+            let mut kind = RecvKind::PLAIN;
+            match tm {
+                Some(TmDecision::Rndv { entry, info, rvh }) => {
+                    // (One packet: the whole request.)
+                    if self.tm_start_rndv(res, entry, info, rvh) {
+                        self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
+                        self.resp.epsn = psn.add(1);
+                        if hdr.bth.ack_req {
+                            self.resp.push_ack(now, psn);
+                        }
+                    }
+                    return;
+                }
+                Some(TmDecision::Eager { entry, info }) => {
+                    kind = RecvKind {
+                        opcode: WcOpcode::TmRecv,
+                        flags: WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID,
+                        tm: info,
+                    };
+                    let Some(segs) = res.resolve(self.recv_pd(res), &entry.sges, true) else {
+                        let mut wc = self.recv_wc(
+                            entry.recv_wr_id,
+                            WcStatus::LocProtErr,
+                            kind.opcode,
+                            0,
+                            None,
+                        );
+                        wc.tm = info;
+                        res.complete(self.recv_cq, wc, false);
+                        self.responder_error(res, psn, Violation::RemoteOperational);
+                        return;
+                    };
+                    data = payload.get(TMH_LEN..).unwrap_or_default();
+                    let cap = segs.iter().map(|s| s.len).sum();
+                    self.resp.cur = Some(Inbound::Send {
+                        wr_id: entry.recv_wr_id,
+                        segs,
+                        cap,
+                        got: 0,
+                        kind,
+                    });
+                }
+                Some(TmDecision::Ordinary { unexpected }) => {
+                    kind.opcode = WcOpcode::TmNoTag;
+                    if unexpected {
+                        kind.opcode = WcOpcode::Recv;
+                        kind.flags = WcFlags::TM_SYNC_REQ;
+                    }
+                }
+                None => {}
+            }
+            if self.resp.cur.is_none() {
+                let Some(wqe) = self.take_recv(res) else {
+                    res.counters.rnr_naks_sent += 1;
+                    // One NAK per gap: the requester resends from this PSN after its RNR
+                    // wait, so the packets behind it are dropped without a sequence NAK.
+                    self.resp.nak_sent = true;
+                    let aeth = AethRepr::rnr_nak(self.attr.min_rnr_timer, self.resp.msn);
+                    self.resp.push_out(RespOut::Ack { psn, aeth });
+                    return;
+                };
+                if kind.flags.contains(WcFlags::TM_SYNC_REQ)
+                    && let Some(id) = self.srq
+                {
+                    res.tm_count_unexpected(id);
+                }
+                let Some(segs) = res.resolve(self.recv_pd(res), &wqe.sges, true) else {
+                    let wc = self.recv_wc(wqe.wr_id, WcStatus::LocProtErr, kind.opcode, 0, None);
+                    res.complete(self.recv_cq, wc, false);
+                    self.responder_error(res, psn, Violation::RemoteOperational);
+                    return;
+                };
+                let cap = segs.iter().map(|s| s.len).sum();
+                let wr_id = wqe.wr_id;
+                self.resp.cur = Some(Inbound::Send {
+                    wr_id,
+                    segs,
+                    cap,
+                    got: 0,
+                    kind,
+                });
+            }
         }
         let Some(Inbound::Send {
             wr_id,
             segs,
             cap,
             got,
+            kind,
         }) = &mut self.resp.cur
         else {
             return;
         };
+        let kind = *kind;
+        let payload = data;
         if *got + payload.len() > *cap {
             let wr_id = *wr_id;
             self.resp.cur = None;
-            let wc = self.recv_wc(wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None);
+            let wc = self.recv_wc(wr_id, WcStatus::LocLenErr, kind.opcode, 0, None);
             res.complete(self.recv_cq, wc, false);
             self.responder_error(res, psn, Violation::InvalidRequest);
             return;
@@ -354,16 +425,12 @@ impl Qp {
             }
             self.resp.cur = None;
             self.resp.msn = (self.resp.msn + 1) & 0x00FF_FFFF;
-            let mut wc = self.recv_wc(
-                wr_id,
-                WcStatus::Success,
-                WcOpcode::Recv,
-                got as u32,
-                hdr.immdt,
-            );
+            let mut wc = self.recv_wc(wr_id, WcStatus::Success, kind.opcode, got as u32, hdr.immdt);
+            wc.wc_flags |= kind.flags;
+            wc.tm = kind.tm;
             if let Some(rkey) = hdr.ieth {
                 wc.imm_data = rkey;
-                wc.wc_flags |= crate::types::WcFlags::WITH_INV;
+                wc.wc_flags |= WcFlags::WITH_INV;
             }
             res.complete(self.recv_cq, wc, hdr.bth.solicited);
         }

@@ -27,6 +27,8 @@ pub(crate) struct Srq {
     pub(crate) limit: u32,
     /// XRC SRQ: its XRC domain and the CQ its receive completions go to.
     pub(crate) xrc: Option<(u32, u32)>,
+    /// Tag matching (`tm.rs`).
+    pub(crate) tm: Option<super::tm::TmState>,
 }
 
 impl Nic {
@@ -57,6 +59,7 @@ impl Nic {
             max_sge,
             limit: 0,
             xrc: None,
+            tm: None,
         };
         self.res.srqs.insert(id, srq);
         Ok(id)

@@ -138,6 +138,7 @@ impl Qp {
                 segs,
                 cap,
                 got: 0,
+                kind: super::tm::RecvKind::PLAIN,
             });
             self.resp.uc_wqe = Some(wqe);
         }
@@ -146,6 +147,7 @@ impl Qp {
             segs,
             cap,
             got,
+            ..
         }) = &mut self.resp.cur
         else {
             return;

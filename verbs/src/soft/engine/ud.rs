@@ -176,6 +176,7 @@ impl Qp {
             },
             vendor_err: 0,
             slid: src.port(),
+            ..WorkCompletion::EMPTY
         };
         match res.resolve(self.recv_pd(res), &wqe.sges, true) {
             None => wc.status = WcStatus::LocProtErr,

@@ -441,6 +441,8 @@ impl R<'_> {
             wc_flags: WcFlags(self.u32()?),
             vendor_err: self.u32()?,
             slid: self.u16()?,
+            // (XRC SRQs do no tag matching.)
+            tm: crate::types::TmInfo::default(),
         })
     }
     fn event(&mut self) -> Option<AsyncEvent> {
