@@ -34,7 +34,10 @@
 //! `TmSync`. Message completions go to the receiving QP's receive CQ, as on any SRQ.
 //!
 //! Tag matching runs on RC QPs. On the soft provider it is the NIC's own software doing the
-//! matching; the libibverbs mapping is not written yet (`max_num_tags` reads 0 there).
+//! matching. On libibverbs the SRQ and its list operations go to the device
+//! (`ibv_create_srq_ex` with `IBV_SRQT_TM`, `ibv_post_srq_ops`; `max_num_tags` from
+//! `ibv_query_device_ex`), but a completion's tag and context need an extended CQ, which
+//! rdmx does not create: `WorkCompletion::tm` reads zero there.
 
 use crate::cq::CompletionQueue;
 use crate::error::{PostError, VerbsError};

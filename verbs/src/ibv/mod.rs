@@ -25,6 +25,7 @@ mod mw;
 mod post;
 mod qp;
 mod tables;
+mod tm;
 mod wr;
 mod xrc;
 
@@ -310,9 +311,7 @@ impl Provider for IbvDevice {
             xrc: a.device_cap_flags & ffi::IBV_DEVICE_XRC != 0,
             auto_path_mig: a.device_cap_flags & ffi::IBV_DEVICE_AUTO_PATH_MIG != 0,
             max_mcast_grp: nonneg(a.max_mcast_grp),
-            // Tag matching on libibverbs needs ibv_query_device_ex's tm_caps and the
-            // verbs_context ops, which rdmx does not map yet: reported as absent.
-            max_num_tags: 0,
+            max_num_tags: self.max_num_tags(),
             memory_windows: a.max_mw > 0,
         }
     }
@@ -547,6 +546,25 @@ impl Provider for IbvDevice {
             Some(x) => self.create_xrc_srq(pd, x, max_wr, max_sge),
             None => Self::create_srq(self, pd, max_wr, max_sge),
         }
+    }
+
+    fn create_srq_tm(
+        &self,
+        pd: u32,
+        max_wr: u32,
+        max_sge: u32,
+        tm: crate::tm::TmCaps,
+        cq: u32,
+    ) -> Result<u32, VerbsError> {
+        Self::create_srq_tm(self, pd, max_wr, max_sge, tm, cq)
+    }
+
+    fn post_srq_ops(
+        &self,
+        srq: u32,
+        ops: &[crate::tm::OpsWr<'_>],
+    ) -> Result<Vec<u32>, (usize, PostError)> {
+        Self::post_srq_ops(self, srq, ops)
     }
 
     fn destroy_srq(&self, srq: u32) -> Result<(), VerbsError> {

@@ -19,7 +19,7 @@ use crate::vocab::QpConfig;
 type CreateQpEx =
     unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp;
 type GetSrqNum = unsafe extern "C" fn(*mut ffi::ibv_srq, *mut u32) -> c_int;
-type CreateSrqEx = unsafe extern "C" fn(
+pub(super) type CreateSrqEx = unsafe extern "C" fn(
     *mut ffi::ibv_context,
     *mut ffi::ibv_srq_init_attr_ex,
 ) -> *mut ffi::ibv_srq;
@@ -27,14 +27,42 @@ type OpenXrcd =
     unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_xrcd_init_attr) -> *mut ffi::ibv_xrcd;
 type CloseXrcd = unsafe extern "C" fn(*mut ffi::ibv_xrcd) -> c_int;
 
-/// The last fields of `struct verbs_context` (verbs.h), which end right where the embedded
-/// `struct ibv_context` begins. Only used for its layout (offsets and size).
+pub(super) type PostSrqOps = unsafe extern "C" fn(
+    *mut ffi::ibv_srq,
+    *mut ffi::ibv_ops_wr,
+    *mut *mut ffi::ibv_ops_wr,
+) -> c_int;
+pub(super) type QueryDeviceEx = unsafe extern "C" fn(
+    *mut ffi::ibv_context,
+    *const c_void,
+    *mut ffi::ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+/// The last fields of `struct verbs_context` (verbs.h), from `post_srq_ops` on, which end
+/// right where the embedded `struct ibv_context` begins. Only used for its layout (offsets
+/// and size); fields rdmx does not call are plain pointer-sized words.
 #[repr(C)]
 #[allow(dead_code)]
-struct VerbsCtxTail {
+pub(super) struct VerbsCtxTail {
+    pub(super) post_srq_ops: Option<PostSrqOps>,
+    destroy_rwq_ind_table: usize,
+    create_rwq_ind_table: usize,
+    destroy_wq: usize,
+    modify_wq: usize,
+    create_wq: usize,
+    query_rt_values: usize,
+    create_cq_ex: usize,
+    priv_: usize,
+    pub(super) query_device_ex: Option<QueryDeviceEx>,
+    ibv_destroy_flow: usize,
+    abi_placeholder2: usize,
+    ibv_create_flow: usize,
+    abi_placeholder1: usize,
+    open_qp: usize,
     create_qp_ex: Option<CreateQpEx>,
     get_srq_num: Option<GetSrqNum>,
-    create_srq_ex: Option<CreateSrqEx>,
+    pub(super) create_srq_ex: Option<CreateSrqEx>,
     open_xrcd: Option<OpenXrcd>,
     close_xrcd: Option<CloseXrcd>,
     abi_placeholder3: u64,
@@ -44,7 +72,7 @@ struct VerbsCtxTail {
 
 /// Reads the extended op at offset `off` of the tail, as `verbs_get_ctx_op` does: only for
 /// an extended context whose `sz` covers the op. `F` must be the op's `Option<fn>` type.
-fn ctx_op<F: Copy>(ctx: *mut ffi::ibv_context, off: usize) -> Option<F> {
+pub(super) fn ctx_op<F: Copy>(ctx: *mut ffi::ibv_context, off: usize) -> Option<F> {
     // The mirror is only known to match the C layout (no padding between the fields, or
     // between `sz` and the context) where pointers are 8 bytes.
     if size_of::<usize>() != 8 || off >= size_of::<VerbsCtxTail>() {
@@ -70,17 +98,23 @@ fn ctx_op<F: Copy>(ctx: *mut ffi::ibv_context, off: usize) -> Option<F> {
 }
 
 const _: () = assert!(
-    size_of::<usize>() != 8 || size_of::<VerbsCtxTail>() == 7 * 8,
+    size_of::<usize>() != 8 || size_of::<VerbsCtxTail>() == 22 * 8,
     "verbs_context tail mirror has padding"
 );
 
+/// Reads op `$field` of the context's `verbs_context` (see `ctx_op`).
 macro_rules! op {
     ($ctx:expr, $field:ident, $ty:ty) => {
-        ctx_op::<Option<$ty>>($ctx, std::mem::offset_of!(VerbsCtxTail, $field)).flatten()
+        $crate::ibv::xrc::ctx_op::<Option<$ty>>(
+            $ctx,
+            std::mem::offset_of!($crate::ibv::xrc::VerbsCtxTail, $field),
+        )
+        .flatten()
     };
 }
+pub(super) use op;
 
-fn not_supported() -> VerbsError {
+pub(super) fn not_supported() -> VerbsError {
     VerbsError::Unsupported("XRC: the device's provider lacks the extended verbs op")
 }
 
