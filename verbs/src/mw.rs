@@ -14,8 +14,9 @@
 //!   it is closed by [`WrOpcode::LocalInv`] or by the peer's [`WrOpcode::SendWithInv`]
 //!   before it is bound again.
 //!
-//! Binds run on the send queue in order: on the soft provider a bind (or local invalidate)
-//! waits for every request posted before it to complete, then runs. A bind that breaks a
+//! Binds run on the send queue in order: a bind (or local invalidate) takes effect when the
+//! NIC reaches it in the queue (requests posted before it may still be in flight: a peer
+//! told the new key by a later send can use it) and completes in order. A bind that breaks a
 //! rule completes with `MwBindErr`, an invalidation of a key that is not a bound type 2
 //! window with `LocQpOpErr`, and either moves the QP to the error state. Access through a
 //! closed, rebound or foreign window fails at the peer with a remote access error.

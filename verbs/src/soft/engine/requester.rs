@@ -101,7 +101,7 @@ impl Requester {
         if let Some(idx) = self
             .sq
             .iter()
-            .position(|w| w.started && !w.last_psn().before(una))
+            .position(|w| w.started && !w.kind.is_local() && !w.last_psn().before(una))
             && idx <= self.cursor
         {
             let off = self
@@ -184,12 +184,14 @@ impl Qp {
         }
         let mtu = self.mtu();
         let draining = self.attr.sq_draining;
-        while !draining && self.run_local_op(res) {}
+        if !draining {
+            self.run_local_ops(res);
+        }
+        self.complete_local_fronts(res);
         let cursor = self.req.cursor;
         let w = self.req.sq.get(cursor)?;
         if !w.started {
-            if draining || w.kind.is_local() {
-                // (A local operation waits for everything before it to complete.)
+            if draining || (w.kind.is_local() && w.local_err.is_none()) {
                 return None;
             }
             if let Some(status) = w.local_err {
@@ -350,40 +352,67 @@ impl Qp {
         Some(t)
     }
 
-    /// Runs the local operation (bind, local invalidate) at the front of the send queue, if
-    /// that is what the front is and nothing before it is outstanding. True when one ran.
-    fn run_local_op(&mut self, res: &mut Resources) -> bool {
-        match self.req.sq.front() {
-            Some(w) if self.req.cursor == 0 && !w.started && w.kind.is_local() => {}
-            _ => return false,
+    /// Runs the local operations (bind, local invalidate) the requester has reached, in
+    /// send-queue order: their effect is immediate (requests before them may still be in
+    /// flight, as on hardware), their completion comes in order. One that fails is left
+    /// with its error status for the in-order error path (`local_err`). Started local
+    /// operations a go-back-N rewound over are stepped past.
+    fn run_local_ops(&mut self, res: &mut Resources) {
+        loop {
+            let cursor = self.req.cursor;
+            let Some(w) = self.req.sq.get(cursor) else {
+                return;
+            };
+            if !w.kind.is_local() || w.local_err.is_some() {
+                return;
+            }
+            if w.started {
+                self.req.cursor += 1;
+                continue;
+            }
+            let result = match (w.kind, w.bind, w.inv) {
+                (WqeKind::Bind, Some(b), _) => res.exec_bind(self.qpn, self.pd, &b),
+                (WqeKind::LocalInv, _, Some(rkey)) => {
+                    if res.invalidate(self.qpn, self.pd, rkey, false) {
+                        Ok(())
+                    } else {
+                        Err(WcStatus::LocQpOpErr)
+                    }
+                }
+                _ => Err(WcStatus::LocQpOpErr),
+            };
+            let next = self.req.next_psn;
+            let Some(w) = self.req.sq.get_mut(cursor) else {
+                return;
+            };
+            match result {
+                Ok(()) => {
+                    w.started = true;
+                    w.first_psn = next;
+                    w.npsn = 0;
+                    self.req.cursor += 1;
+                }
+                Err(status) => {
+                    w.local_err = Some(status);
+                    return;
+                }
+            }
         }
-        let Some(w) = self.req.sq.pop_front() else {
-            return false;
-        };
-        let result = match (w.kind, w.bind, w.inv) {
-            (WqeKind::Bind, Some(b), _) => res.exec_bind(self.qpn, self.pd, &b),
-            (WqeKind::LocalInv, _, Some(rkey)) => {
-                if res.invalidate(self.qpn, self.pd, rkey, false) {
-                    Ok(())
-                } else {
-                    Err(WcStatus::LocQpOpErr)
-                }
+    }
+
+    /// Completes the local operations at the front of the send queue that have run.
+    fn complete_local_fronts(&mut self, res: &mut Resources) {
+        while let Some(w) = self.req.sq.front() {
+            if !(w.kind.is_local() && w.started) {
+                return;
             }
-            _ => Err(WcStatus::LocQpOpErr),
-        };
-        match result {
-            Ok(()) => {
-                if self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
-                    let wc = self.send_wc(&w, WcStatus::Success);
-                    res.complete(self.send_cq, wc, false);
-                }
-                true
-            }
-            Err(status) => {
-                let wc = self.send_wc(&w, status);
+            let Some(w) = self.req.sq.pop_front() else {
+                return;
+            };
+            self.req.cursor = self.req.cursor.saturating_sub(1);
+            if self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+                let wc = self.send_wc(&w, WcStatus::Success);
                 res.complete(self.send_cq, wc, false);
-                self.fatal(res);
-                false
             }
         }
     }
@@ -402,13 +431,13 @@ impl Qp {
             self.req.rd_atomic_out = self.req.rd_atomic_out.saturating_sub(1);
         }
         self.req.una = w.last_psn().add(1);
-        if self.tm_wqe_done(res, &w, WcStatus::Success) {
-            return;
-        }
-        if self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+        if !self.tm_wqe_done(res, &w, WcStatus::Success)
+            && (self.sq_sig_all || w.flags.contains(SendFlags::SIGNALED))
+        {
             let wc = self.send_wc(&w, WcStatus::Success);
             res.complete(self.send_cq, wc, false);
         }
+        self.complete_local_fronts(res);
     }
 
     /// Completes `sq[0]` with an error status and moves the QP to ERR.
@@ -443,6 +472,10 @@ impl Qp {
                         break;
                     }
                 }
+                k if k.is_local() => {
+                    self.complete_local_fronts(res);
+                    progress = true;
+                }
                 _ => {
                     // An ACK at or beyond a READ/atomic whose response we have not seen
                     // means the response was lost: implied NAK.
@@ -470,7 +503,7 @@ impl Qp {
             .req
             .sq
             .iter()
-            .position(|w| w.started && !w.last_psn().before(una))
+            .position(|w| w.started && !w.kind.is_local() && !w.last_psn().before(una))
             .unwrap_or(self.req.sq.len());
         self.req.cursor = idx.min(self.req.cursor);
         self.req.pkt_off = match self.req.sq.get(self.req.cursor) {

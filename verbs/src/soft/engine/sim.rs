@@ -172,10 +172,7 @@ impl Sim {
 
 /// One side of a connected QP pair.
 pub(crate) struct End {
-    #[expect(
-        dead_code,
-        reason = "kept so tests can create more objects in the same PD"
-    )]
+    /// The PD (tests create more objects in it).
     pub(crate) pd: u32,
     pub(crate) cq: u32,
     pub(crate) qpn: Qpn,
