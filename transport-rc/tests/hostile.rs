@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
 use rdmx_core::header::{HEADER_LEN, Header, Kind, RTS_LEN, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
-use rdmx_rc::wire::{RECALL_OFF, Signal};
+use rdmx_rc::wire::{Mailbox, RECALL_OFF, Signal};
 use rdmx_rc::{Context, Endpoint};
 use rdmx_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, QpAttr, QpAttrMask as M,
@@ -158,6 +158,21 @@ impl Rogue {
         };
         let mut wr = SendWr::new(2, op, &[]).signaled();
         wr.inline_data = Some(&[0u8; 8]);
+        wr.send_flags |= SendFlags::INLINE;
+        self.qp.post_send(&wr).unwrap();
+        self.wait_send()
+    }
+
+    /// Writes `m` into the server's mailbox slot for this endpoint (what a peer does to tell
+    /// counters without a message) and waits for the write's completion.
+    fn write_mailbox(&self, m: Mailbox) -> WcStatus {
+        let op = WrOpcode::RdmaWrite {
+            remote_addr: self.mailbox.0,
+            rkey: Rkey(self.mailbox.1),
+        };
+        let word = m.to_word().to_be_bytes();
+        let mut wr = SendWr::new(3, op, &[]).signaled();
+        wr.inline_data = Some(&word);
         wr.send_flags |= SendFlags::INLINE;
         self.qp.post_send(&wr).unwrap();
         self.wait_send()
@@ -456,6 +471,49 @@ fn bad_rendezvous_requests_take_the_endpoint_down() {
     assert_eq!(rogue.send(&rts), WcStatus::Success);
     let (_, cause) = drain_until_down(&ep);
     assert!(protocol_cause(&cause), "{cause:?}");
+    good_pair_still_works(&ctx, &l);
+}
+
+/// Counters that lie: a read-done count beyond the rendezvous buffers offered, or a grant
+/// no receive queue could back, piggybacked on a message or written into the mailbox. Each
+/// disconnects the liar alone (a protocol error), releasing nothing it claims.
+#[test]
+fn forged_counters_take_the_liar_down() {
+    let (ctx, l) = server();
+    // Piggybacked: reads done that were never offered.
+    let (rogue, ep) = accept_rogue(&l);
+    let mut h = rogue.header(Kind::Data, 2);
+    h.rndv_done = 3;
+    let mut msg = h.to_bytes().to_vec();
+    msg.extend_from_slice(b"hi");
+    assert_eq!(rogue.send(&msg), WcStatus::Success);
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 0);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    // Piggybacked: a grant of a billion credits.
+    let (rogue, ep) = accept_rogue(&l);
+    let mut h = rogue.header(Kind::Data, 2);
+    h.grant = 1 << 30;
+    let mut msg = h.to_bytes().to_vec();
+    msg.extend_from_slice(b"hi");
+    assert_eq!(rogue.send(&msg), WcStatus::Success);
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 0);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    // Through the mailbox, while a rendezvous buffer is out to the rogue: it claims two
+    // reads done for the one it was offered (and never read).
+    let (rogue, ep) = accept_rogue(&l);
+    ep.send(&vec![7u8; 200_000]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let lie = Mailbox {
+        grant: 64,
+        rndv_done: 2,
+    };
+    assert_eq!(rogue.write_mailbox(lie), WcStatus::Success);
+    let (got, cause) = drain_until_down(&ep);
+    assert_eq!(got, 0);
+    assert!(protocol_cause(&cause), "{cause:?}");
+    assert!(ctx.stats().protocol_errors >= 3);
     good_pair_still_works(&ctx, &l);
 }
 

@@ -223,14 +223,17 @@ impl Shared {
             return;
         }
         self.mark_needy(st, k);
-        let freed = self.apply_peer_counters(
-            st,
-            k,
-            Mailbox {
-                grant: hdr.grant,
-                rndv_done: hdr.rndv_done,
-            },
-        );
+        let counters = Mailbox {
+            grant: hdr.grant,
+            rndv_done: hdr.rndv_done,
+        };
+        let freed = match self.apply_peer_counters(st, k, counters) {
+            Ok(f) => f,
+            Err(why) => {
+                self.refuse(st, cx, k, buf, why);
+                return;
+            }
+        };
         if freed && hdr.kind == Kind::Rts {
             Self::touch(st, cx, k);
         }

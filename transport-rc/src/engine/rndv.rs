@@ -4,11 +4,17 @@
 
 use crate::wire::Mailbox;
 use rdmx_core::DisconnectCause;
+use rdmx_core::header::seq_after;
 use rdmx_core::worker::Cx;
 use rdmx_verbs::{SendWr, WcStatus, WorkCompletion, WrOpcode};
 
 use crate::ep::{Hold, Inbound, Status, wrid};
 use crate::state::{Shared, State};
+
+/// The most credits a peer may hold out to us at once: above the deepest shared receive
+/// queue a verbs device creates (the soft provider's 65,536; hardware's are smaller), so
+/// a grant beyond it cannot be backed by posted buffers and is a lie.
+pub(crate) const MAX_PEER_WINDOW: u32 = 1 << 17;
 
 impl Shared {
     pub(crate) fn on_read(&self, st: &mut State, cx: &mut Cx<'_>, c: &WorkCompletion) {
@@ -106,10 +112,34 @@ impl Shared {
     /// Applies cumulative counters from the peer (piggybacked or from the mailbox). Returns
     /// whether they gave the endpoint room to send (credits, or rendezvous buffers the peer
     /// finished reading).
-    pub(crate) fn apply_peer_counters(&self, st: &mut State, k: usize, m: Mailbox) -> bool {
+    ///
+    /// # Errors
+    /// A peer that lies: a read-done count beyond the rendezvous buffers offered to it, or
+    /// a grant of more credits than any receiver can back ([`MAX_PEER_WINDOW`]). Nothing is
+    /// applied (no buffer is released); the caller disconnects the endpoint.
+    pub(crate) fn apply_peer_counters(
+        &self,
+        st: &mut State,
+        k: usize,
+        m: Mailbox,
+    ) -> Result<bool, String> {
         let ep = &mut st.eps[k];
+        let offered = ep.rndv_out.len() as u32;
+        let done = m.rndv_done.wrapping_sub(ep.rndv_out_done);
+        if seq_after(m.rndv_done, ep.rndv_out_done) && done > offered {
+            return Err(format!(
+                "the peer reports {done} rendezvous reads done; {offered} buffers were offered"
+            ));
+        }
+        let window = m.grant.wrapping_sub(ep.send.sent);
+        if seq_after(m.grant, ep.send.sent) && window > MAX_PEER_WINDOW {
+            return Err(format!(
+                "the peer grants {window} credits; no receive queue holds more than \
+                 {MAX_PEER_WINDOW}"
+            ));
+        }
         let mut freed = ep.send.update(m.grant);
-        while rdmx_core::header::seq_after(m.rndv_done, ep.rndv_out_done) {
+        while seq_after(m.rndv_done, ep.rndv_out_done) {
             if ep.rndv_out.pop_front().is_none() {
                 break;
             }
@@ -120,7 +150,7 @@ impl Shared {
         if ep.rndv_out.is_empty() && !st.rndv_watch.is_empty() {
             st.rndv_watch.retain(|&x| x != k);
         }
-        freed
+        Ok(freed)
     }
 
     /// Reads the mailbox slot of one endpoint and applies it.
@@ -134,7 +164,10 @@ impl Shared {
         if m != ep.mailbox_seen {
             Self::touch(st, cx, k);
             st.eps[k].mailbox_seen = m;
-            self.apply_peer_counters(st, k, m);
+            if let Err(why) = self.apply_peer_counters(st, k, m) {
+                st.stats.protocol_errors += 1;
+                self.fail(st, cx, k, DisconnectCause::Protocol(why));
+            }
         }
     }
 
