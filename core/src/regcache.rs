@@ -65,6 +65,9 @@ pub struct RegCache {
     pd: ProtectionDomain,
     max: usize,
     inner: Mutex<Inner>,
+    /// The access registrations get: `REMOTE_READ`, and `MW_BIND` where the device has
+    /// memory windows (a transport opens one range to one peer through a window).
+    access: AccessFlags,
 }
 
 impl std::fmt::Debug for RegCache {
@@ -128,10 +131,16 @@ impl RegCache {
     /// A cache registering under `pd` that keeps at most `max` bytes registered while idle
     /// (0: nothing is kept; every lookup registers).
     pub fn new(pd: ProtectionDomain, max: usize) -> Self {
+        let access = if pd.context().query_device().memory_windows {
+            AccessFlags::REMOTE_READ | AccessFlags::MW_BIND
+        } else {
+            AccessFlags::REMOTE_READ
+        };
         Self {
             pd,
             max,
             inner: Mutex::new(Inner::default()),
+            access,
         }
     }
 
@@ -174,9 +183,7 @@ impl RegCache {
         release_unowned(inner);
         let whole = bytes.whole();
         if whole.len() > self.max {
-            let mr = self
-                .pd
-                .reg_shared(bytes.clone(), AccessFlags::REMOTE_READ)?;
+            let mr = self.pd.reg_shared(bytes.clone(), self.access)?;
             return Ok(Registered {
                 mr: Arc::new(mr),
                 addr,
@@ -184,7 +191,7 @@ impl RegCache {
             });
         }
         let wlen = whole.len();
-        let mr = Arc::new(self.pd.reg_shared(whole, AccessFlags::REMOTE_READ)?);
+        let mr = Arc::new(self.pd.reg_shared(whole, self.access)?);
         let key = (mr.addr(), mr.addr().saturating_add(wlen as u64));
         let out = Registered {
             mr: mr.clone(),

@@ -104,6 +104,9 @@ impl RcTransport {
                 batch_posts,
                 context_id: random_u64(),
                 post_key,
+                // XRC: a window cannot be bound to a target queue pair (it has no send
+                // queue), and type 1 windows answer any queue pair of the domain.
+                confine: node.is_none() && dev.memory_windows,
                 cfg,
             });
             made = Some(shared.clone());

@@ -189,7 +189,7 @@ pub(crate) struct Ep {
     pub(crate) peer_data: Arc<[u8]>,
 
     // Rendezvous, sender side: buffers the peer reads, released when it reports them done.
-    pub(crate) rndv_out: VecDeque<RndvSrc>,
+    pub(crate) rndv_out: VecDeque<RndvOut>,
     pub(crate) rndv_out_done: u32,
     // Rendezvous, receiver side: reads finished (cumulative) and the value told to the peer.
     pub(crate) rndv_in_done: u32,
@@ -231,6 +231,16 @@ pub(crate) struct Ep {
     /// send MigReq = 0 again, and the peer follows a migration only when it sees MigReq = 1),
     /// the starving flag, the recall gate, the packed frame's flush.
     pub(crate) timers: Timers,
+}
+
+/// A buffer offered to the peer's read, and the window it is offered through (declared
+/// first, so that it is deallocated, which closes it, before the buffer goes back).
+#[derive(Debug)]
+pub(crate) struct RndvOut {
+    /// The window (`None` where windows are not used): closed when this is dropped.
+    pub(crate) _window: Option<rdmx_verbs::MemoryWindow>,
+    /// What the peer reads.
+    pub(crate) _src: RndvSrc,
 }
 
 /// What a peer reads in a rendezvous; held until it reports the read done (or the queue

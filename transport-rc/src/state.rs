@@ -245,6 +245,10 @@ pub(crate) struct Shared {
     /// The right to post pool buffers (see the safety contract of `Transport`, which
     /// `transport.rs` implements).
     pub(crate) post_key: PostKey,
+    /// Rendezvous sources are opened to their peer through a type 2 memory window bound to
+    /// the endpoint's queue pair, for that transfer only (RC on a device with windows; see
+    /// `send_rndv`). Otherwise the peer gets the registration's own key.
+    pub(crate) confine: bool,
 }
 
 /// An RC transport as its handles (context, endpoints, listener) reach it: the worker it

@@ -178,6 +178,40 @@ impl Rogue {
         self.wait_send()
     }
 
+    /// Waits for the server's next message and returns its rendezvous request (address,
+    /// key, length): posts one receive for it first.
+    fn recv_rts(&self) -> (u64, u32, u32) {
+        let r = [self._mr.sge(32 << 10, 4096)];
+        self.qp.post_recv(&rdmx_verbs::RecvWr::new(9, &r)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut wc = [WorkCompletion::EMPTY; 1];
+        loop {
+            if self.cq.poll(&mut wc) > 0 && wc[0].opcode == rdmx_verbs::WcOpcode::Recv {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no message for the rogue");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let b = self._mr.to_vec(32 << 10, RTS_LEN).unwrap();
+        let h = Header::parse(&b).unwrap();
+        assert_eq!(h.kind, Kind::Rts);
+        let rts = RtsInfo::parse(&b).unwrap();
+        (rts.addr, rts.rkey, h.len)
+    }
+
+    /// RDMA-reads `len` bytes at `addr` under `rkey` into its own memory; the status.
+    fn read(&self, addr: u64, rkey: u32, len: usize) -> WcStatus {
+        let d = [self._mr.sge(0, len)];
+        let op = WrOpcode::RdmaRead {
+            remote_addr: addr,
+            rkey: Rkey(rkey),
+        };
+        self.qp
+            .post_send(&SendWr::new(4, op, &d).signaled())
+            .unwrap();
+        self.wait_send()
+    }
+
     /// Sends `bytes` inline and waits for its completion; returns its status.
     fn send(&self, bytes: &[u8]) -> WcStatus {
         self.qp
@@ -514,6 +548,53 @@ fn forged_counters_take_the_liar_down() {
     assert_eq!(got, 0);
     assert!(protocol_cause(&cause), "{cause:?}");
     assert!(ctx.stats().protocol_errors >= 3);
+    good_pair_still_works(&ctx, &l);
+}
+
+/// Rendezvous sources are confined: the key a peer gets opens exactly the buffer offered,
+/// from its own queue pair, until it reports the read done. Reading past the buffer, with
+/// another peer's key, or with a key whose transfer ended fails with a remote access error;
+/// the liar is disconnected and the victims' traffic completes.
+#[test]
+fn rendezvous_keys_open_one_buffer_to_one_peer_for_one_transfer() {
+    let (ctx, l) = server();
+    // Past the end of the offered buffer.
+    let (rogue, ep) = accept_rogue(&l);
+    ep.send(&vec![7u8; 100_000]).unwrap();
+    let (addr, key, len) = rogue.recv_rts();
+    assert_eq!(len, 100_000);
+    assert_eq!(rogue.read(addr, key, 32 << 10), WcStatus::Success);
+    assert_eq!(rogue._mr.to_vec(0, 16).unwrap(), [7u8; 16]);
+    let past = addr + u64::from(len) - 8;
+    assert_eq!(rogue.read(past, key, 16), WcStatus::RemAccessErr);
+    let _ = drain_until_down(&ep);
+    // Another peer's key: B cannot use A's, A still can.
+    let (a, ep_a) = accept_rogue(&l);
+    let (b, ep_b) = accept_rogue(&l);
+    ep_a.send(&vec![9u8; 100_000]).unwrap();
+    let (addr, key, _) = a.recv_rts();
+    assert_eq!(b.read(addr, key, 4096), WcStatus::RemAccessErr);
+    let _ = drain_until_down(&ep_b);
+    assert_eq!(a.read(addr, key, 4096), WcStatus::Success);
+    assert_eq!(a._mr.to_vec(0, 8).unwrap(), [9u8; 8]);
+    // Reporting the read done ends the transfer: the key no longer opens anything, and the
+    // endpoint of the peer that reported it keeps working.
+    let mut h = a.header(Kind::Data, 4);
+    h.rndv_done = 1;
+    let mut msg = h.to_bytes().to_vec();
+    msg.extend_from_slice(b"done");
+    assert_eq!(a.send(&msg), WcStatus::Success);
+    assert_eq!(
+        &ep_a.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"done"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        a.read(addr, key, 4096),
+        WcStatus::RemAccessErr,
+        "an expired key"
+    );
+    let _ = drain_until_down(&ep_a);
     good_pair_still_works(&ctx, &l);
 }
 

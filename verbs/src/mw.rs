@@ -196,6 +196,52 @@ impl MemoryWindow {
     }
 }
 
+impl MemoryWindow {
+    /// A type 2 bind work request over exactly the memory an SGE names (its address,
+    /// length and memory region): for code that holds buffers as SGEs, such as a pool
+    /// of registered buffers. The device checks that the range lies in the region, that
+    /// the region allows `MW_BIND` and is in the window's protection domain; a bind that
+    /// breaks a rule completes with `MwBindErr`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a type 1 window, a key of another window, an empty SGE, or
+    /// access other than remote read / write / atomic.
+    pub fn bind_wr_sge(
+        &self,
+        rkey: Rkey,
+        sge: &crate::wr::Sge,
+        access: AccessFlags,
+    ) -> Result<MwBindWr, VerbsError> {
+        if self.mw_type != MwType::Type2 {
+            return Err(VerbsError::InvalidArgument(
+                "a type 1 window is bound with QueuePair::bind_mw".into(),
+            ));
+        }
+        if rkey.0 >> 8 != self.rkey().0 >> 8 {
+            return Err(VerbsError::InvalidArgument(format!(
+                "key {:#x} is not a key of this window",
+                rkey.0
+            )));
+        }
+        let remote =
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if !remote.contains(access) || sge.length() == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "a window opens a non-empty range for remote access only".into(),
+            ));
+        }
+        Ok(MwBindWr {
+            mw: self.handle,
+            rkey,
+            lkey: sge.lkey(),
+            addr: sge.addr(),
+            length: u64::from(sge.length()),
+            access,
+            type1: false,
+        })
+    }
+}
+
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         self.pd.ctx.dev().dealloc_mw(self.handle);

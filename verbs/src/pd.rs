@@ -112,16 +112,18 @@ impl ProtectionDomain {
     /// target of peers' RDMA READs, never a destination.
     ///
     /// # Errors
-    /// `InvalidArgument` for empty bytes or for access flags other than `REMOTE_READ`
-    /// (`LOCAL_WRITE`, `REMOTE_WRITE` and `REMOTE_ATOMIC` would let the NIC write them).
+    /// `InvalidArgument` for empty bytes or for access flags other than `REMOTE_READ` and
+    /// `MW_BIND` (`LOCAL_WRITE`, `REMOTE_WRITE` and `REMOTE_ATOMIC` would let the NIC
+    /// write them).
     pub fn reg_shared(
         &self,
         bytes: SharedBytes,
         access: AccessFlags,
     ) -> Result<MemoryRegion, VerbsError> {
-        if !AccessFlags::REMOTE_READ.contains(access) {
+        if !(AccessFlags::REMOTE_READ | AccessFlags::MW_BIND).contains(access) {
             return Err(VerbsError::InvalidArgument(format!(
-                "shared bytes are immutable: only REMOTE_READ access is allowed, not {:#x}",
+                "shared bytes are immutable: only REMOTE_READ (and MW_BIND) access is allowed, \
+                 not {:#x}",
                 access.bits()
             )));
         }

@@ -111,6 +111,9 @@ struct Shared {
     reserved: AtomicUsize,
     /// The class sizes, ascending (as in `State::classes`).
     sizes: Vec<usize>,
+    /// The device has memory windows: remotely readable classes also allow `MW_BIND`, so
+    /// a transport can open one buffer to one peer for one transfer.
+    mw_bind: bool,
 }
 
 impl fmt::Debug for Shared {
@@ -179,6 +182,7 @@ impl BufferPool {
                 released: AtomicU64::new(0),
                 reserved: AtomicUsize::new(0),
                 sizes,
+                mw_bind: pd.context().query_device().memory_windows,
             }),
         }
     }
@@ -332,7 +336,12 @@ impl BufferPool {
 
     fn access_for(&self, size: usize) -> AccessFlags {
         if size >= self.shared.cfg.remote_read_min {
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ
+            let a = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+            if self.shared.mw_bind {
+                a | AccessFlags::MW_BIND
+            } else {
+                a
+            }
         } else {
             AccessFlags::LOCAL_WRITE
         }

@@ -9,9 +9,9 @@ use rdmx_core::header::{
 use rdmx_core::pool::PostKey;
 use rdmx_core::worker::Cx;
 use rdmx_core::{Buf, DisconnectCause, Error, Result, SharedBuf};
-use rdmx_verbs::{Clock, SendFlags, SendWr, SharedBytes, WrOpcode};
+use rdmx_verbs::{AccessFlags, Clock, MwType, SendFlags, SendWr, SharedBytes, WrOpcode};
 
-use crate::ep::{Ep, Hold, OpSource, RndvSrc, Status, wrid};
+use crate::ep::{Ep, Hold, OpSource, RndvOut, RndvSrc, Status, wrid};
 use crate::state::{Shared, State};
 use crate::timers::Timer;
 
@@ -305,6 +305,10 @@ impl Shared {
     ) -> Result<Option<Payload<'a>>> {
         let len = payload.len();
         let window = self.cfg.rndv_window as usize;
+        // The window's bind takes a send slot of its own.
+        if self.confine && st.eps[k].sq_used() + 3 >= st.eps[k].sq_depth {
+            return Ok(Some(payload));
+        }
         if st.eps[k].rndv_out.len() >= window {
             self.read_mailbox(st, cx, k);
             if st.eps[k].rndv_out.len() >= window {
@@ -342,6 +346,30 @@ impl Shared {
         };
         let zero_copy = matches!(src, RndvSrc::Shared(_));
         let ep = &mut st.eps[k];
+        // Confinement: the peer gets a key to exactly this buffer, usable from its own
+        // queue pair only, until it reports the read done (the window is deallocated
+        // then, before the buffer is released). The registration's key, which opens the
+        // whole chunk (other buffers, other peers' data), never leaves the process.
+        let (src_rkey, mw) = if self.confine {
+            let sge = match &src {
+                RndvSrc::Buf(b) => b.sge(self.post_key),
+                RndvSrc::Shared(r) => r.sge(),
+                RndvSrc::SharedBuf(b) => b.buf().sge(self.post_key),
+            };
+            let mw = self.pd.alloc_mw(MwType::Type2)?;
+            let key = mw.rkey().inc();
+            let bind = mw.bind_wr_sge(key, &sge, AccessFlags::REMOTE_READ)?;
+            post_on(
+                ep,
+                WrOpcode::BindMw(bind),
+                PostData::Buf(self.post_key),
+                Hold::None,
+                false,
+            )?;
+            (key.0, Some(mw))
+        } else {
+            (src_rkey, None)
+        };
         let mut hdr = Self::next_header(ep, Kind::Rts, len);
         if ep.rndv_out.len() + 1 >= window {
             hdr.flags |= Header::WAKE_ON_READ;
@@ -361,7 +389,10 @@ impl Shared {
             Hold::None,
             false,
         )?;
-        ep.rndv_out.push_back(src);
+        ep.rndv_out.push_back(RndvOut {
+            _window: mw,
+            _src: src,
+        });
         tracing::trace!(
             endpoint = ep.id,
             len,
