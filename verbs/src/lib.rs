@@ -38,6 +38,7 @@
 
 pub mod ah;
 mod bytes;
+pub mod cm;
 pub mod cq;
 pub mod device;
 pub mod error;
@@ -62,6 +63,7 @@ pub mod vocab;
 
 pub use ah::AddressHandle;
 pub use bytes::SharedBytes;
+pub use cm::{CmError, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions, PostBatch};
 pub use error::{PostError, VerbsError};
