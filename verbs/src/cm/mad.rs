@@ -299,3 +299,7 @@ impl Mad {
         Self::parse(payload)
     }
 }
+
+#[cfg(test)]
+#[path = "mad_tests.rs"]
+mod tests;
