@@ -77,7 +77,7 @@
 //! [`EventChannel::create_id_on`]. The `ibverbs` provider's devices are not supported
 //! (librdmacm is not wrapped): `create_id_on` returns `Unsupported` for them.
 
-pub mod agent;
+mod agent;
 mod conn;
 pub mod error;
 pub mod event;

@@ -39,16 +39,19 @@ fn expect(ch: &EventChannel, kind: K) -> CmEvent {
     }
 }
 
-/// An ID's QP with its CQ and a registered buffer.
+/// An ID's QP with its receive CQ and a registered buffer.
 struct Qp {
     cq: CompletionQueue,
     mr: MemoryRegion,
 }
 
+/// A QP with a send and a receive CQ (so that `get_send_comp` and `get_recv_comp` each see
+/// their own).
 fn make_qp(id: &CmId) -> Qp {
     let ctx = id.context().expect("the ID is bound").clone();
+    let send_cq = ctx.create_cq(64, None).unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
-    let mut attr = QpInitAttr::rc(&cq, &cq);
+    let mut attr = QpInitAttr::rc(&send_cq, &cq);
     attr.cap = QpCap {
         max_send_wr: 32,
         max_recv_wr: 32,
