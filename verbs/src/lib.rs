@@ -10,6 +10,8 @@
 //! Device::open(name) -> Context -> ProtectionDomain -> MemoryRegion, QueuePair
 //!                               -> CompletionQueue (+ CompletionChannel)
 //! soft provider:  wire (headers, ICRC)  <-  engine (sans-I/O RC transport)  <-  driver (UDP)
+//! cm (rdma_cm):    EventChannel -> CmId (resolve, listen, connect / accept, multicast),
+//!                  CM MADs over UDP, on soft devices
 //! ```
 //!
 //! ## Quick start

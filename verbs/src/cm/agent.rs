@@ -129,7 +129,9 @@ impl Agent {
                 return c;
             }
         }
-        let c = (1..=u32::MAX).find(|c| !ids.contains_key(c)).unwrap_or(1);
+        // Unlucky draws: of the first `len + 1` IDs at least one is free.
+        let last = u32::try_from(ids.len()).map_or(u32::MAX, |n| n.saturating_add(1));
+        let c = (1..=last).find(|c| !ids.contains_key(c)).unwrap_or(last);
         ids.insert(c, Arc::downgrade(id));
         c
     }

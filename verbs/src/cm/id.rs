@@ -474,6 +474,10 @@ impl CmId {
                     ..QpAttr::default()
                 };
                 qp.modify(&rts, M::STATE | M::SQ_PSN)?;
+                // Groups joined before the QP existed.
+                for g in &self.inner.st.lock().groups {
+                    qp.attach_mcast(*g, 0)?;
+                }
             }
             t => {
                 let mut access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
