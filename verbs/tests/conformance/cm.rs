@@ -492,3 +492,40 @@ fn garbage_sent_to_a_listener_is_dropped_and_counted() {
     let mut buf = [0u8; 512];
     assert!(sock.recv_from(&mut buf).is_err(), "nothing answers garbage");
 }
+
+#[test]
+fn a_slow_accept_is_covered_by_an_mra() {
+    if !soft_only("a_slow_accept_is_covered_by_an_mra") {
+        return;
+    }
+    let srv = server(1);
+    let (cch, cid, _cqp) = client(srv.id.local_addr().unwrap());
+    cid.connect(&ConnParam::default()).unwrap();
+    let req = expect(&srv.ch, K::ConnectRequest);
+    // Longer than the REQ's response time-out (~537 ms): the client sends the REQ again,
+    // the server answers the duplicate with an MRA, and the client waits.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _q = make_qp(&req.id);
+    req.id.accept(&ConnParam::default()).unwrap();
+    expect(&cch, K::Established);
+    expect(&srv.ch, K::Established);
+    let s = srv.id.stats();
+    assert!(s.rx_mads >= 3, "REQ, its duplicate(s) and the RTU: {s:?}");
+    assert!(
+        srv.ch.try_get_event().is_none(),
+        "one request, not one per duplicate"
+    );
+}
+
+#[test]
+fn dropping_a_connected_id_disconnects_the_peer() {
+    if !soft_only("dropping_a_connected_id_disconnects_the_peer") {
+        return;
+    }
+    let srv = server(1);
+    let ((cch, cid, _cqp), (sid, _sqp)) = connect_pair(&srv, b"c", b"s");
+    drop(sid);
+    let ev = expect(&cch, K::Disconnected);
+    assert_eq!(ev.id, cid);
+    assert_eq!(cid.qp().unwrap().state(), QpState::Err);
+}
