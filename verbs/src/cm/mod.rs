@@ -46,7 +46,9 @@
 //!   of the MAD), which is 0 on RoCE; in the REP, which has no path fields, it is the *local
 //!   Q_Key* (REP bytes 8-11 of the message, 32-35 of the MAD; the IBA uses it for RD only),
 //!   as `0x0000_pppp`. The data-path IP is the primary path's local GID (REQ) and the
-//!   address the active side resolved (REP).
+//!   address the active side resolved (REP). A REQ whose local LID is 0 (no port) is
+//!   rejected with reason 13 (invalid LID); a REP whose Q_Key is not a port ends the
+//!   connection attempt with CONNECT_ERROR (and a REJ).
 //! * SIDR (UD service resolution), LAP/APR (path migration) and ClassPortInfo are not
 //!   implemented: such MADs are counted as malformed and dropped.
 //!
@@ -79,6 +81,7 @@
 
 mod agent;
 mod conn;
+mod dispatch;
 pub mod error;
 pub mod event;
 mod helpers;

@@ -334,6 +334,8 @@ pub mod reason {
     pub const INVALID_TRANSPORT_TYPE: u16 = 9;
     /// Stale connection.
     pub const STALE_CONN: u16 = 10;
+    /// Invalid LID (here: a REQ without the soft device's UDP port).
+    pub const INVALID_LID: u16 = 13;
     /// Consumer defined: the application rejected (`rdma_reject`).
     pub const CONSUMER_DEFINED: u16 = 28;
 }
