@@ -10,6 +10,8 @@
 //! Device::open(name) -> Context -> ProtectionDomain -> MemoryRegion, QueuePair
 //!                               -> CompletionQueue (+ CompletionChannel)
 //! soft provider:  wire (headers, ICRC)  <-  engine (sans-I/O RC transport)  <-  driver (UDP)
+//! cm (rdma_cm):    EventChannel -> CmId (resolve, listen, connect / accept, multicast),
+//!                  CM MADs over UDP, on soft devices
 //! ```
 //!
 //! ## Quick start
@@ -38,6 +40,7 @@
 
 pub mod ah;
 mod bytes;
+pub mod cm;
 pub mod cq;
 pub mod device;
 pub mod error;
@@ -63,6 +66,7 @@ pub mod vocab;
 
 pub use ah::AddressHandle;
 pub use bytes::SharedBytes;
+pub use cm::{CmError, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub use device::{Context, Device, DeviceOptions, PostBatch};
 pub use error::{PostError, VerbsError};

@@ -1,4 +1,5 @@
-//! An idle soft device must not spin a core: its engine thread sleeps in the kernel.
+//! An idle soft device must not spin a core: its engine thread sleeps in the kernel (and so
+//! does the connection manager's channel thread).
 
 mod common;
 
@@ -22,6 +23,11 @@ fn idle_devices_do_not_spin() {
     b.connect(&a.info());
     let r = [b.mr.sge(0, 64)];
     b.qp.post_recv(&rdmx_verbs::RecvWr::new(1, &r)).unwrap();
+    // And a connection manager listening, whose channel thread must sleep too.
+    let cm = rdmx_verbs::EventChannel::new().unwrap();
+    let listener = cm.create_id(rdmx_verbs::PortSpace::Tcp).unwrap();
+    listener.bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+    listener.listen(4).unwrap();
     // Let any start-up work finish.
     std::thread::sleep(Duration::from_millis(100));
     let before = cpu_ticks();

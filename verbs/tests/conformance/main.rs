@@ -13,6 +13,7 @@ mod common;
 mod apm;
 mod batch;
 mod channel;
+mod cm;
 mod mw;
 mod rc;
 mod srq;
