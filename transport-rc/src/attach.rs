@@ -54,9 +54,16 @@ impl RcTransport {
                 Some(n) => pd.create_xrc_srq(&n.inner.xrcd, &cq, &srq_attr)?,
                 None => pd.create_srq(&srq_attr)?,
             };
+            // With confinement, no peer writes the region itself: each writes its own slot
+            // through a window bound to its endpoint's queue pair (see `setup.rs`).
+            let confine = node.is_none() && dev.memory_windows;
             let mailbox = pd.reg_mr(
                 MAX_ENDPOINTS * MAILBOX_LEN,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                if confine {
+                    AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
+                } else {
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+                },
             )?;
             let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
                 .min(dev.max_inline_data.max(RTS_LEN as u32));
@@ -106,7 +113,7 @@ impl RcTransport {
                 post_key,
                 // XRC: a window cannot be bound to a target queue pair (it has no send
                 // queue), and type 1 windows answer any queue pair of the domain.
-                confine: node.is_none() && dev.memory_windows,
+                confine,
                 cfg,
             });
             made = Some(shared.clone());

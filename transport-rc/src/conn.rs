@@ -30,7 +30,12 @@ pub(crate) fn connect(rc: &RcRef, addr: SocketAddr, data: &[u8]) -> Result<Estab
         let peer = bootstrap::expect_accept(&mut stream, deadline)?;
         check_peer(sh, &peer)?;
         bring_up_endpoint(rc, key, psn, &peer)?;
-        complete(rc, key, &peer);
+        // The listener's slot window was bound before its Accept: we may write at once.
+        complete(rc, key, &peer, true);
+        if sh.confine {
+            // Our own slot's window was bound (posted on the queue pair) above.
+            bootstrap::send_frame(&mut stream, &Frame::Ready, deadline)?;
+        }
         Ok(())
     })();
     settle(rc, key, id, result, "connected", addr)
@@ -99,8 +104,9 @@ pub(crate) fn connect_local(a: &RcRef, b: &RcRef) -> Result<(Established, Establ
         check_peer(&a.sh, &info_b)?;
         bring_up_endpoint(b, kb, psn_b, &info_a)?;
         bring_up_endpoint(a, ka, psn_a, &info_b)?;
-        complete(b, kb, &info_a);
-        complete(a, ka, &info_b);
+        // (Both windows were bound before either side opens.)
+        complete(b, kb, &info_a, true);
+        complete(a, ka, &info_b, true);
         Ok(())
     })();
     if let Err(e) = result {
@@ -151,8 +157,12 @@ pub(crate) fn accept(
     let (key, id, info) = register(rc, Arc::new(qp), psn, data)?;
     let result = (|| -> Result<()> {
         bring_up_endpoint(rc, key, psn, &peer)?;
-        complete(rc, key, &peer);
+        complete(rc, key, &peer, false);
         bootstrap::send_frame(&mut stream, &Frame::Accept(info), deadline)?;
+        if sh.confine {
+            bootstrap::expect_ready(&mut stream, deadline)?;
+            crate::setup::peer_ready(rc, key);
+        }
         Ok(())
     })();
     settle(rc, key, id, result, "accepted", from).map(Some)

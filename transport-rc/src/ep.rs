@@ -167,6 +167,12 @@ pub(crate) struct Ep {
     pub(crate) close_event_due: bool,
     /// Where our grants go in the peer's memory.
     pub(crate) peer_mailbox: (u64, u32),
+    /// The peer's slot may be written: its window is bound (the listening side learns it
+    /// from the peer's `Signal::Ready` or first message; see `setup.rs`).
+    pub(crate) peer_ready: bool,
+    /// The memory window through which the peer (and only its queue pair) writes our
+    /// slot, with the key the peer was given (`None` without confinement).
+    pub(crate) mailbox_mw: Option<(rdmx_verbs::MemoryWindow, rdmx_verbs::Rkey)>,
     /// Our slot (offset into the context's mailbox region) that the peer writes.
     pub(crate) mailbox_off: usize,
     pub(crate) mailbox_seen: Mailbox,

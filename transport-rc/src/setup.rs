@@ -12,11 +12,12 @@ use rdmx_core::credit::{RecvWindow, SendWindow};
 use rdmx_core::worker::WaitSlot;
 use rdmx_core::{DisconnectCause, Error, Result};
 use rdmx_verbs::{
-    AccessFlags, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair,
+    AccessFlags, Mtu, MwType, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QueuePair,
+    WrOpcode,
 };
 
 use crate::engine::{load_alternate, timeout_exponent};
-use crate::ep::{Ep, Status};
+use crate::ep::{Ep, Hold, Status};
 use crate::state::{MAX_ENDPOINTS, RcRef, Shared};
 use crate::wire::{MAILBOX_LEN, Mailbox};
 
@@ -150,9 +151,24 @@ pub(crate) fn bring_up_endpoint(
     rc.with(|sh, st, _| {
         let ep = st
             .eps
-            .get(key)
+            .get_mut(key)
             .ok_or(Error::Disconnected(DisconnectCause::LocalClose))?;
-        bring_up(sh, &ep.qp, psn, peer)
+        bring_up(sh, &ep.qp, psn, peer)?;
+        // Our slot opens to the peer's queue pair now, before the peer can learn that it
+        // may write it (the listener's Accept goes after this; the connector's
+        // `Signal::Ready` follows the bind on this queue pair).
+        if let Some((mw, k)) = &ep.mailbox_mw {
+            let sge = sh.mailbox.sge(ep.mailbox_off, MAILBOX_LEN);
+            let bind = mw.bind_wr_sge(*k, &sge, AccessFlags::REMOTE_WRITE)?;
+            crate::engine::send::post_on(
+                ep,
+                WrOpcode::BindMw(bind),
+                crate::engine::send::PostData::Buf(sh.post_key),
+                Hold::None,
+                false,
+            )?;
+        }
+        Ok(())
     })
 }
 
@@ -205,6 +221,18 @@ pub(crate) fn register(
         st.next_id += 1;
         let mailbox_off = key * MAILBOX_LEN;
         let _ = sh.mailbox.write(mailbox_off, &[0; MAILBOX_LEN]);
+        // Confinement: the peer gets the key of a window over its own slot only, bound to
+        // this endpoint's queue pair once it is ready to send (`bring_up_endpoint`).
+        let mailbox_mw = if sh.confine {
+            let mw = sh.pd.alloc_mw(MwType::Type2)?;
+            let k = mw.rkey().inc();
+            Some((mw, k))
+        } else {
+            None
+        };
+        let mailbox_rkey = mailbox_mw
+            .as_ref()
+            .map_or(sh.mailbox.rkey().0, |(_, k)| k.0);
         let qpn = qp.qp_num().0;
         let xrc = sh.node.as_ref();
         let info = EndpointInfo {
@@ -230,7 +258,7 @@ pub(crate) fn register(
             },
             credits,
             mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
-            mailbox_rkey: sh.mailbox.rkey().0,
+            mailbox_rkey,
             max_message: sh.cfg.max_message as u64,
             eager_limit: sh.cfg.rndv_threshold as u32,
             context_id: sh.context_id,
@@ -267,6 +295,8 @@ pub(crate) fn register(
             wait: WaitSlot::new(key),
             close_event_due: false,
             peer_mailbox: (0, 0),
+            peer_ready: false,
+            mailbox_mw,
             peer_context: 0,
             mailbox_off,
             mailbox_seen: Mailbox::default(),
@@ -311,13 +341,19 @@ pub(crate) fn register(
 /// them, keepalives) left it alone, as its peer's mailbox was unknown. A write to it then
 /// went to address 0 and took the endpoint down with a remote access error, which 100
 /// client threads connecting at once through one context hit about once in 12 runs.
-pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
+///
+/// `peer_ready`: the peer's mailbox slot may be written at once (its window was bound
+/// before it told us its side, or there is no window). The listening side passes false:
+/// the connector binds its window only after our Accept, and tells us with the bootstrap
+/// `Ready` (or its first message); until then nothing is written into its slot.
+pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo, peer_ready: bool) {
     rc.with(|sh, st, cx| {
         let target = st.budget.target();
         if let Some(ep) = st.eps.get_mut(key) {
             if ep.status == Status::Connecting {
                 ep.status = Status::Open;
             }
+            ep.peer_ready = peer_ready || !sh.confine;
             ep.peer_tag = peer.tag as u16;
             ep.peer_context = peer.context_id;
             ep.peer_data = peer.app_data.as_slice().into();
@@ -359,6 +395,12 @@ pub(crate) fn complete(rc: &RcRef, key: usize, peer: &EndpointInfo) {
         }
         sh.after(st, cx);
     });
+}
+
+/// The listening side: the connector said (bootstrap `Ready`) that its slot's window is
+/// bound.
+pub(crate) fn peer_ready(rc: &RcRef, key: usize) {
+    rc.with(|sh, st, cx| sh.peer_is_ready(st, cx, key));
 }
 
 pub(crate) fn unregister(rc: &RcRef, key: usize) {

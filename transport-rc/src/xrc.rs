@@ -206,7 +206,8 @@ fn finish(
 ) -> Result<()> {
     ensure_connected(rc, peer.node_id, their_target, peer)?;
     attach(rc, key, ini, my_target);
-    crate::setup::complete(rc, key, peer);
+    // (XRC has no slot windows: see `Shared::confine`.)
+    crate::setup::complete(rc, key, peer, true);
     Ok(())
 }
 

@@ -138,6 +138,8 @@ impl Rogue {
             M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
         )
         .unwrap();
+        // The rogue plays by the set-up rules: its side is up (it has no slot window).
+        bootstrap::send_frame(&mut s, &Frame::Ready, deadline).unwrap();
         Self {
             _ctx: ctx,
             cq,
@@ -166,9 +168,14 @@ impl Rogue {
     /// Writes `m` into the server's mailbox slot for this endpoint (what a peer does to tell
     /// counters without a message) and waits for the write's completion.
     fn write_mailbox(&self, m: Mailbox) -> WcStatus {
+        self.write_mailbox_at(self.mailbox, m)
+    }
+
+    /// Writes `m` at `(address, key)` (someone else's slot, for an attack).
+    fn write_mailbox_at(&self, (addr, key): (u64, u32), m: Mailbox) -> WcStatus {
         let op = WrOpcode::RdmaWrite {
-            remote_addr: self.mailbox.0,
-            rkey: Rkey(self.mailbox.1),
+            remote_addr: addr,
+            rkey: Rkey(key),
         };
         let word = m.to_word().to_be_bytes();
         let mut wr = SendWr::new(3, op, &[]).signaled();
@@ -548,6 +555,44 @@ fn forged_counters_take_the_liar_down() {
     assert_eq!(got, 0);
     assert!(protocol_cause(&cause), "{cause:?}");
     assert!(ctx.stats().protocol_errors >= 3);
+    good_pair_still_works(&ctx, &l);
+}
+
+/// Mailbox slots are confined: a peer writes its own slot, through its own queue pair,
+/// and nothing else of the mailbox region: another endpoint's slot with that endpoint's
+/// key (learned somehow), or with its own key, is a remote access error that disconnects
+/// the attacker; the victim's counters and messages are untouched.
+#[test]
+fn a_peer_writes_only_its_own_mailbox_slot() {
+    let (ctx, l) = server();
+    let (a, ep_a) = accept_rogue(&l);
+    let (b, ep_b) = accept_rogue(&l);
+    let lie = Mailbox {
+        grant: 64,
+        rndv_done: 5,
+    };
+    assert_eq!(a.write_mailbox_at(b.mailbox, lie), WcStatus::RemAccessErr);
+    let _ = drain_until_down(&ep_a);
+    let (c, ep_c) = accept_rogue(&l);
+    assert_ne!(c.mailbox.0, b.mailbox.0);
+    assert_eq!(
+        c.write_mailbox_at((b.mailbox.0, c.mailbox.1), lie),
+        WcStatus::RemAccessErr
+    );
+    let _ = drain_until_down(&ep_c);
+    // The victim: its slot, its counters and its messages are intact.
+    assert_eq!(
+        b.write_mailbox(Mailbox {
+            grant: 64,
+            rndv_done: 0
+        }),
+        WcStatus::Success
+    );
+    assert_eq!(b.send(&b.data(b"intact")), WcStatus::Success);
+    assert_eq!(
+        &ep_b.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"intact"
+    );
     good_pair_still_works(&ctx, &l);
 }
 

@@ -242,3 +242,38 @@ impl SharedReceiveQueue {
         self.inner.id
     }
 }
+
+// Tag matching (the types and the behaviour: `tm.rs`).
+
+impl ProtectionDomain {
+    /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`): `attr` sizes
+    /// its ordinary receives, `tm` its tag list; list operations complete on `cq`.
+    ///
+    /// # Errors
+    /// `Unsupported` where the device has no tag matching (`max_num_tags` is 0);
+    /// `InvalidAttribute` for capacities beyond the device's.
+    pub fn create_srq_tm(
+        &self,
+        attr: &SrqInitAttr,
+        tm: crate::tm::TmCaps,
+        cq: &CompletionQueue,
+    ) -> Result<SharedReceiveQueue, VerbsError> {
+        SharedReceiveQueue::create_tm(self, attr, tm, cq)
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Adds, removes or syncs tags (`ibv_post_srq_ops`). Returns one handle per operation:
+    /// the new tag's for an `Add` (what a later `Del` names), 0 for the others.
+    ///
+    /// # Errors
+    /// `(index, error)` of the first operation that could not be posted (the ones before it
+    /// were): not a tag-matching SRQ, the list full, too many SGEs, more than `max_ops`
+    /// operations.
+    pub fn post_srq_ops(
+        &self,
+        ops: &[crate::tm::OpsWr<'_>],
+    ) -> Result<Vec<u32>, (usize, PostError)> {
+        self.srq_ops(ops)
+    }
+}

@@ -1,7 +1,7 @@
 //! Tag-matching shared receive queues (`IBV_SRQT_TM`, `ibv_post_srq_ops`).
 //!
 //! A tag-matching SRQ holds, besides ordinary receive WQEs, a list of tagged buffers
-//! (`tag`, `mask`, SGEs) added and removed with [`SharedReceiveQueue::post_srq_ops`]. A
+//! (`tag`, `mask`, SGEs) added and removed with [`SharedReceiveQueue::post_srq_ops`](crate::SharedReceiveQueue::post_srq_ops). A
 //! message whose payload starts with a tag-matching header ([`Tmh`], 16 bytes) is matched
 //! by the NIC against the list in the order the tags were added: the first entry with
 //! `msg.tag & entry.mask == entry.tag & entry.mask` takes it.
@@ -39,10 +39,6 @@
 //! `ibv_query_device_ex`), but a completion's tag and context need an extended CQ, which
 //! rdmx does not create: `WorkCompletion::tm` reads zero there.
 
-use crate::cq::CompletionQueue;
-use crate::error::{PostError, VerbsError};
-use crate::pd::ProtectionDomain;
-use crate::srq::{SharedReceiveQueue, SrqInitAttr};
 use crate::types::Rkey;
 use crate::wr::Sge;
 
@@ -232,35 +228,5 @@ impl<'a> OpsWr<'a> {
         self.flags |= OpsFlags::TM_SYNC;
         self.unexpected_cnt = unexpected_cnt;
         self
-    }
-}
-
-impl ProtectionDomain {
-    /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`): `attr` sizes
-    /// its ordinary receives, `tm` its tag list; list operations complete on `cq`.
-    ///
-    /// # Errors
-    /// `Unsupported` where the device has no tag matching (`max_num_tags` is 0);
-    /// `InvalidAttribute` for capacities beyond the device's.
-    pub fn create_srq_tm(
-        &self,
-        attr: &SrqInitAttr,
-        tm: TmCaps,
-        cq: &CompletionQueue,
-    ) -> Result<SharedReceiveQueue, VerbsError> {
-        SharedReceiveQueue::create_tm(self, attr, tm, cq)
-    }
-}
-
-impl SharedReceiveQueue {
-    /// Adds, removes or syncs tags (`ibv_post_srq_ops`). Returns one handle per operation:
-    /// the new tag's for an `Add` (what a later `Del` names), 0 for the others.
-    ///
-    /// # Errors
-    /// `(index, error)` of the first operation that could not be posted (the ones before it
-    /// were): not a tag-matching SRQ, the list full, too many SGEs, more than `max_ops`
-    /// operations.
-    pub fn post_srq_ops(&self, ops: &[OpsWr<'_>]) -> Result<Vec<u32>, (usize, PostError)> {
-        self.srq_ops(ops)
     }
 }

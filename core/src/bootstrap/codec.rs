@@ -431,6 +431,7 @@ mod tests {
             arb_info().prop_map(Frame::Accept),
             ".{0,200}".prop_map(Frame::Reject),
             (0..=MAX_24BIT).prop_map(Frame::XrcTarget),
+            Just(Frame::Ready),
         ]
     }
 

@@ -366,6 +366,7 @@ pub fn expect_hello(
         Ok(Frame::XrcTarget(_)) => Err(BootstrapError::Unexpected(
             "XrcTarget while waiting for Hello",
         )),
+        Ok(Frame::Ready) => Err(BootstrapError::Unexpected("Ready while waiting for Hello")),
         Ok(Frame::Reject(reason)) => return Err(BootstrapError::Rejected(reason)),
         Err(err) => Err(err),
     };
@@ -413,6 +414,24 @@ pub fn expect_accept(
         Frame::Hello(_) => Err(BootstrapError::Unexpected("Hello while waiting for Accept")),
         Frame::XrcTarget(_) => Err(BootstrapError::Unexpected(
             "XrcTarget while waiting for Accept",
+        )),
+        Frame::Ready => Err(BootstrapError::Unexpected("Ready while waiting for Accept")),
+    }
+}
+
+/// Listener side of an RC exchange, after its `Accept`: waits for the connector's `Ready`
+/// (its mailbox slot may be written from now on).
+///
+/// # Errors
+///
+/// Those of [`recv_frame`]; [`BootstrapError::Rejected`] when the connector gave up;
+/// [`BootstrapError::Unexpected`] for any other frame.
+pub fn expect_ready(stream: &mut TcpStream, deadline: Instant) -> Result<(), BootstrapError> {
+    match recv_frame(stream, deadline)? {
+        Frame::Ready => Ok(()),
+        Frame::Reject(reason) => Err(BootstrapError::Rejected(reason)),
+        _ => Err(BootstrapError::Unexpected(
+            "wrong frame while waiting for Ready",
         )),
     }
 }

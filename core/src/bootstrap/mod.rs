@@ -10,6 +10,7 @@
 //!   connect(addr, deadline)                 listen(addr) ; accept(&listener)
 //!   send_frame(Hello(ours)) ───────────────▶ expect_hello(deadline) -> theirs
 //!   expect_accept(deadline) -> theirs ◀───── send_frame(Accept(ours))   or  reject(reason)
+//!   send_frame(Ready) ─────────────────────▶ expect_ready(deadline)      (RC, confined)
 //! ```
 //!
 //! # Wire format
@@ -65,8 +66,8 @@ mod wire;
 
 pub use codec::{decode, decode_header, encode, try_encode};
 pub use exchange::{
-    accept, accept_until, connect, expect_accept, expect_hello, expect_xrc_target, listen,
-    recv_frame, reject, send_frame,
+    accept, accept_until, connect, expect_accept, expect_hello, expect_ready, expect_xrc_target,
+    listen, recv_frame, reject, send_frame,
 };
 pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, Transport, validate};
 
@@ -80,8 +81,11 @@ pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, Transport,
 /// writer closes and needs one credit for its Close (`Recall::closing`, a bit the request
 /// counter used before). Version 7: UD endpoints (`Transport::Ud`) and the session
 /// token (`EndpointInfo::token`), a field a version 6 peer would not decode. Version 8: the
-/// application's connection data (`EndpointInfo::app_data`).
-pub const PROTOCOL_VERSION: u16 = 8;
+/// application's connection data (`EndpointInfo::app_data`). Version 9: confined RC
+/// endpoints (`mailbox_rkey` is a memory window's key, bound once the queue pair is up; the
+/// connector's `Signal::Ready` says its own is bound), which a version 8 peer would write
+/// before the window exists and reject as an unknown signal.
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// The four bytes every bootstrap frame starts with.
 pub const MAGIC: [u8; 4] = *b"RDMX";

@@ -110,6 +110,10 @@ pub enum Frame {
     /// XRC, connector -> listener after the `Accept`: the target queue pair the connector's
     /// node has for the listener's initiator.
     XrcTarget(u32),
+    /// RC, connector -> listener after the `Accept`: the connector's queue pair is up and
+    /// the window over its mailbox slot is bound (posted before this was sent): the
+    /// listener may write the slot from now on.
+    Ready,
 }
 
 /// Deserializes a `Vec<u32>` without trusting the announced length: serde would reserve up to

@@ -218,6 +218,10 @@ impl Shared {
             if !matches!(ep.status, Status::Open | Status::Closing) {
                 continue;
             }
+            if !ep.peer_ready {
+                // Told when the peer's slot opens (`Signal::Ready` or its first message).
+                continue;
+            }
             if ep.recv.unadvertised() == 0 && ep.rndv_in_done == ep.rndv_in_adv {
                 continue;
             }

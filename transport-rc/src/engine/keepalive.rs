@@ -113,6 +113,26 @@ fn probe(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: Instant) {
     if !matches!(ep.status, Status::Open | Status::Closing) {
         return;
     }
+    if !ep.peer_ready {
+        // Its slot cannot be written yet (see `setup::complete`): a connector that never
+        // says it is ready, nor sends anything, within the connect (or peer) timeout is
+        // gone.
+        let limit = sh.cfg.connect_timeout.max(sh.cfg.peer_timeout);
+        if now.duration_since(ep.last_rx) > limit {
+            sh.fail(
+                st,
+                cx,
+                k,
+                DisconnectCause::PeerUnreachable(
+                    "the peer never opened its mailbox slot (no Ready signal)".into(),
+                ),
+            );
+        } else {
+            let at = now + sh.keepalive_tick();
+            st.arm(cx, k, Timer::Keepalive, at);
+        }
+        return;
+    }
     // Probes are spaced the same way: a peer that dies right after answering one is found by
     // the next within the peer timeout (spacing them half the timeout apart overshot it:
     // 0.45 s with a 0.4 s timeout).

@@ -177,6 +177,21 @@ impl Shared {
         }
     }
 
+    /// The peer of endpoint `k` opened its mailbox slot (its bootstrap `Ready`, or any
+    /// message, which follows its window's bind on its queue pair): what waited to be
+    /// written there goes now.
+    pub(crate) fn peer_is_ready(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        if ep.peer_ready {
+            return;
+        }
+        ep.peer_ready = true;
+        if !st.dirty.contains(&k) {
+            st.dirty.push(k);
+        }
+        self.after(st, cx);
+    }
+
     /// The peer of endpoint `k` used one of our credits (its buffer was already counted as
     /// consumed). False when it had none: a protocol violation.
     fn take_credit(st: &mut State, k: usize) -> bool {
@@ -210,6 +225,10 @@ impl Shared {
             Self::stir(st, cx, k);
         } else {
             Self::touch(st, cx, k);
+        }
+        // Any message from the peer follows the bind of its slot's window.
+        if !st.eps[k].peer_ready {
+            self.peer_is_ready(st, cx, k);
         }
         // The peer used one of our credits.
         let credited = {

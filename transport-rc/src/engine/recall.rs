@@ -73,8 +73,9 @@ fn write_recall_as(st: &mut State, k: usize, signal: Option<Signal>) -> bool {
     let Some(ep) = st.eps.get_mut(k) else {
         return false;
     };
-    // Until the endpoint is open, the peer's mailbox is unknown.
-    if ep.status == Status::Connecting {
+    // Until the endpoint is open, the peer's mailbox is unknown; until the peer is ready,
+    // its slot is closed.
+    if ep.status == Status::Connecting || !ep.peer_ready {
         return false;
     }
     let w = Recall {

@@ -618,6 +618,9 @@ impl Nic {
         let qp = self.qps.get_mut(&qpn.0).ok_or(PostError::Destroyed)?;
         let _ = now;
         qp.post_send(&mut self.res, wr)?;
+        if wr.opcode.is_local() {
+            qp.run_posted_local_ops(&mut self.res);
+        }
         Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
         Ok(())
     }
@@ -631,6 +634,9 @@ impl Nic {
         self.timers_dirty = true;
         let qp = self.qps.get_mut(&qpn.0).ok_or((0, PostError::Destroyed))?;
         qp.post_send_all(&mut self.res, wrs)?;
+        if wrs.iter().any(|w| w.opcode.is_local()) {
+            qp.run_posted_local_ops(&mut self.res);
+        }
         Self::after_op(&mut self.tx_ready, &mut self.timed, qp);
         Ok(())
     }

@@ -352,6 +352,15 @@ impl Qp {
         Some(t)
     }
 
+    /// Runs at once the local operations just posted at the head of what the requester has
+    /// to do (a bind posted on an idle queue takes effect before `post_send` returns).
+    pub(crate) fn run_posted_local_ops(&mut self, res: &mut Resources) {
+        if self.state() == QpState::Rts && !self.attr.sq_draining && self.req.rnr_until.is_none() {
+            self.run_local_ops(res);
+            self.complete_local_fronts(res);
+        }
+    }
+
     /// Runs the local operations (bind, local invalidate) the requester has reached, in
     /// send-queue order: their effect is immediate (requests before them may still be in
     /// flight, as on hardware), their completion comes in order. One that fails is left
