@@ -75,6 +75,11 @@ pub struct Config {
     /// joins (every process that names the same file is one node, sharing its connections
     /// per remote node). `None`: the context is a node of its own. Unused by RC.
     pub xrc_domain: Option<std::path::PathBuf>,
+    /// The shared secret both sides of a bootstrap prove they hold before anything is set
+    /// up (`RDMX_AUTH_KEY`, at least 16 bytes; see `bootstrap::auth`). `None`: no
+    /// authentication (a listener then refuses peers that offer it, and the other way
+    /// round).
+    pub auth_key: Option<crate::bootstrap::AuthKey>,
 }
 
 impl Default for Config {
@@ -94,6 +99,7 @@ impl Default for Config {
             peer_timeout: Duration::from_millis(2000),
             connect_timeout: Duration::from_millis(5000),
             xrc_domain: None,
+            auth_key: None,
         }
     }
 }
@@ -204,6 +210,7 @@ pub struct ConfigBuilder {
     peer_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
     xrc_domain: Option<std::path::PathBuf>,
+    auth_key: Option<Vec<u8>>,
 }
 
 macro_rules! setter {
@@ -220,6 +227,12 @@ impl ConfigBuilder {
     /// Sets the device (`RDMX_DEVICE`).
     pub fn device(mut self, name: impl Into<String>) -> Self {
         self.device = Some(name.into());
+        self
+    }
+    /// Sets the bootstrap's shared secret (`RDMX_AUTH_KEY`; at least 16 bytes): both sides
+    /// of every connection must hold the same one.
+    pub fn auth_key(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.auth_key = Some(key.as_ref().to_vec());
         self
     }
     /// Sets the XRC domain file of the node an XRC context joins (`RDMX_XRC_DOMAIN`).
@@ -373,6 +386,17 @@ impl ConfigBuilder {
                     .filter(|v| !v.is_empty())
                     .map(std::path::PathBuf::from)
             }),
+            auth_key: match self.auth_key.or_else(|| {
+                env("RDMX_AUTH_KEY")
+                    .filter(|v| !v.is_empty())
+                    .map(String::into_bytes)
+            }) {
+                Some(k) => Some(
+                    crate::bootstrap::AuthKey::new(&k)
+                        .map_err(|e| Error::Config(format!("RDMX_AUTH_KEY / auth_key: {e}")))?,
+                ),
+                None => None,
+            },
         };
         cfg.validate()?;
         Ok(cfg)

@@ -54,7 +54,17 @@ pub(crate) struct Exchanges {
     done_tx: mpsc::Sender<(u64, Outcome)>,
     done_rx: Mutex<mpsc::Receiver<(u64, Outcome)>>,
     order: Mutex<Order>,
+    /// Failed exchanges per source address: one that fails [`MAX_FAILURES`] times in
+    /// [`FAILURE_WINDOW`] (a wrong key, garbage, silence until the deadline) has its
+    /// connections closed at once until the window passes. Exchanges at once are not
+    /// bounded per address (many clients may share one), only in all ([`MAX_EXCHANGES`]).
+    gate: std::sync::Arc<bootstrap::Gate>,
 }
+
+/// Failed exchanges a source address may have in [`FAILURE_WINDOW`].
+pub(crate) const MAX_FAILURES: u32 = 32;
+/// See [`MAX_FAILURES`].
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 impl Exchanges {
     pub(crate) fn new() -> Self {
@@ -63,6 +73,7 @@ impl Exchanges {
             done_tx,
             done_rx: Mutex::new(done_rx),
             order: Mutex::new(Order::default()),
+            gate: bootstrap::Gate::with(u32::MAX, MAX_FAILURES, FAILURE_WINDOW),
         }
     }
 
@@ -109,7 +120,7 @@ impl Exchanges {
     }
 
     /// Runs the exchange with a peer that just connected, on a thread of its own.
-    fn start(&self, rc: &RcRef, stream: TcpStream, peer: SocketAddr) {
+    fn start(&self, rc: &RcRef, stream: TcpStream, peer: SocketAddr, ticket: bootstrap::Ticket) {
         let seq = {
             let mut o = self.order.lock();
             let seq = o.next;
@@ -124,6 +135,10 @@ impl Exchanges {
             .spawn(move || {
                 let r = crate::conn::accept(&rc, stream, peer)
                     .map(|e| e.map(|e| Endpoint::new(rc.clone(), e.key, e.id, peer)));
+                if r.is_err() {
+                    ticket.failed(crate::util::host_now());
+                }
+                drop(ticket);
                 // The listener may be gone: the endpoint is then dropped, which closes it.
                 let _ = tx.send((seq, r));
             });
@@ -179,7 +194,11 @@ pub(crate) fn accept_until(
             None => Some(bootstrap::accept(tcp)?),
         };
         if let Some((stream, peer)) = got {
-            ex.start(rc, stream, peer);
+            match ex.gate.admit(peer.ip(), crate::util::host_now()) {
+                Some(ticket) => ex.start(rc, stream, peer, ticket),
+                // Closed at once: this address failed too often lately.
+                None => tracing::debug!(%peer, "connection refused: too many failed exchanges"),
+            }
         }
     }
 }

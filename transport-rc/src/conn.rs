@@ -22,6 +22,8 @@ pub(crate) fn connect(rc: &RcRef, addr: SocketAddr, data: &[u8]) -> Result<Estab
         return connect_xrc(rc, addr, deadline, data);
     }
     let mut stream = bootstrap::connect(addr, deadline)?;
+    // Before anything exists here: prove the key, check the listener's.
+    bootstrap::auth::connector(&mut stream, sh.cfg.auth_key.as_ref(), deadline)?;
     let psn = random_psn();
     let qp = Arc::new(create_qp(sh)?);
     let (key, id, info) = register(rc, qp, psn, data.to_vec())?;
@@ -58,7 +60,8 @@ fn connect_xrc(
         // answering waits for it (16 threads connecting at once through one context timed
         // out every time).
         let one_at_a_time = crate::xrc::exchange_lock(sh, deadline)?;
-        let stream = bootstrap::connect(addr, deadline)?;
+        let mut stream = bootstrap::connect(addr, deadline)?;
+        bootstrap::auth::connector(&mut stream, sh.cfg.auth_key.as_ref(), deadline)?;
         match crate::xrc::connect(rc, one_at_a_time, stream, addr, deadline, data) {
             Err(Error::Bootstrap(BootstrapError::Rejected(r))) if r == bootstrap::REJECT_BUSY => {
                 // Our lock is released: the peer's own exchange with us can go ahead.
@@ -137,6 +140,8 @@ pub(crate) fn accept(
 ) -> Result<Option<Established>> {
     let sh = &*rc.sh;
     let deadline = crate::util::host_now() + sh.cfg.connect_timeout;
+    // Before anything exists here: the peer proves the key (within a second).
+    bootstrap::auth::listener(&mut stream, sh.cfg.auth_key.as_ref(), deadline)?;
     let peer = bootstrap::expect_hello(&mut stream, deadline)?;
     if sh.node.is_some() && peer.transport == Transport::Xrc {
         return crate::xrc::accept(rc, stream, from, &peer, deadline);

@@ -136,6 +136,14 @@ impl<C: FromParts> ContextBuilder<C> {
         connect_timeout: Duration
     );
 
+    /// The bootstrap's shared secret (`RDMX_AUTH_KEY`, at least 16 bytes): connections
+    /// are made only between contexts that hold the same one (a challenge-response before
+    /// anything is set up; see `rdmx_core::bootstrap::auth`).
+    pub fn auth_key(mut self, key: impl AsRef<[u8]>) -> Self {
+        self.cfg = self.cfg.auth_key(key);
+        self
+    }
+
     /// XRC: join the node of every process that names the same domain file
     /// (`RDMX_XRC_DOMAIN`; see [`Node::open_shared`]) instead of being a node of its own.
     pub fn xrc_domain(mut self, file: impl Into<std::path::PathBuf>) -> Self {

@@ -31,6 +31,7 @@ fn deadline(u: &UdRef) -> Instant {
 pub(crate) fn connect(u: &UdRef, addr: SocketAddr, data: &[u8]) -> Result<Endpoint> {
     let deadline = deadline(u);
     let mut stream = bootstrap::connect(addr, deadline)?;
+    bootstrap::auth::connector(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
     let h = u.reserve()?;
     let r = (|| {
         let hello = Frame::Hello(u.describe(&h, data.to_vec())?);
@@ -47,6 +48,7 @@ pub(crate) fn connect(u: &UdRef, addr: SocketAddr, data: &[u8]) -> Result<Endpoi
 
 /// The listening side of one exchange, on a connection just accepted.
 fn answer(u: &UdRef, mut stream: TcpStream, deadline: Instant) -> Result<Endpoint> {
+    bootstrap::auth::listener(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
     let info = bootstrap::expect_hello(&mut stream, deadline)?;
     let peer = match peer_half(&info) {
         Ok(p) => p,

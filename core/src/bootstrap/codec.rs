@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn golden_bytes_of_a_reject() {
-        let mut expected = b"RDMX\x00\x08\x00\x00\x00\x0e".to_vec();
+        let mut expected = b"RDMX\x00\x09\x00\x00\x00\x0e".to_vec();
         expected.extend_from_slice(&[2, 0, 0, 0]); // variant index 2: Reject
         expected.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]); // string length, u64 LE
         expected.extend_from_slice(b"no");
@@ -263,17 +263,20 @@ mod tests {
 
     #[test]
     fn another_version_is_refused_after_six_bytes() {
-        let v9 = header(9, 5);
+        let v10 = header(10, 5);
         assert!(matches!(
-            decode(&v9[..6]),
-            Err(BootstrapError::VersionMismatch { ours: 8, theirs: 9 })
+            decode(&v10[..6]),
+            Err(BootstrapError::VersionMismatch {
+                ours: 9,
+                theirs: 10
+            })
         ));
         // The header of any version stays readable.
-        assert_eq!(decode_header(&v9[..9]).unwrap(), None);
+        assert_eq!(decode_header(&v10[..9]).unwrap(), None);
         assert_eq!(
-            decode_header(&v9).unwrap(),
+            decode_header(&v10).unwrap(),
             Some(Header {
-                version: 9,
+                version: 10,
                 payload_len: 5
             })
         );
@@ -432,6 +435,10 @@ mod tests {
             ".{0,200}".prop_map(Frame::Reject),
             (0..=MAX_24BIT).prop_map(Frame::XrcTarget),
             Just(Frame::Ready),
+            any::<[u8; 32]>().prop_map(Frame::AuthHello),
+            (any::<[u8; 32]>(), any::<[u8; 32]>())
+                .prop_map(|(nonce, mac)| Frame::AuthChallenge { nonce, mac }),
+            any::<[u8; 32]>().prop_map(Frame::AuthProof),
         ]
     }
 

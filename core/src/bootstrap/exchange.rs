@@ -367,6 +367,12 @@ pub fn expect_hello(
             "XrcTarget while waiting for Hello",
         )),
         Ok(Frame::Ready) => Err(BootstrapError::Unexpected("Ready while waiting for Hello")),
+        Ok(Frame::AuthHello(_) | Frame::AuthProof(_)) => Err(BootstrapError::AuthFailed(
+            "the peer offers authentication; this listener has no key (RDMX_AUTH_KEY)".into(),
+        )),
+        Ok(Frame::AuthChallenge { .. }) => Err(BootstrapError::Unexpected(
+            "AuthChallenge while waiting for Hello",
+        )),
         Ok(Frame::Reject(reason)) => return Err(BootstrapError::Rejected(reason)),
         Err(err) => Err(err),
     };
@@ -390,6 +396,7 @@ fn reject_reason(err: &BootstrapError) -> Option<String> {
         | BootstrapError::Decode(_)
         | BootstrapError::Invalid(_)
         | BootstrapError::Unexpected(_) => Some(format!("listener refused the hello: {err}")),
+        BootstrapError::AuthFailed(why) => Some(why.clone()),
         _ => None,
     }
 }
@@ -416,6 +423,9 @@ pub fn expect_accept(
             "XrcTarget while waiting for Accept",
         )),
         Frame::Ready => Err(BootstrapError::Unexpected("Ready while waiting for Accept")),
+        Frame::AuthHello(_) | Frame::AuthChallenge { .. } | Frame::AuthProof(_) => Err(
+            BootstrapError::Unexpected("an authentication frame while waiting for Accept"),
+        ),
     }
 }
 

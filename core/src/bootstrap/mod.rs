@@ -58,12 +58,14 @@
 //! of 2^60 elements fails to decode instead of allocating. [`decode`] is a pure function over
 //! a byte slice, usable from fuzzers and property tests.
 
+pub mod auth;
 mod codec;
 mod exchange;
 #[cfg(test)]
 mod fixtures;
 mod wire;
 
+pub use auth::{AuthKey, Gate, Ticket};
 pub use codec::{decode, decode_header, encode, try_encode};
 pub use exchange::{
     accept, accept_until, connect, expect_accept, expect_hello, expect_ready, expect_xrc_target,

@@ -114,6 +114,17 @@ pub enum Frame {
     /// the window over its mailbox slot is bound (posted before this was sent): the
     /// listener may write the slot from now on.
     Ready,
+    /// Connector -> listener, first (with a key): its nonce (see `auth.rs`).
+    AuthHello([u8; 32]),
+    /// Listener -> connector: its nonce and its proof of the key.
+    AuthChallenge {
+        /// The listener's nonce.
+        nonce: [u8; 32],
+        /// HMAC-SHA-256 over the label and both nonces.
+        mac: [u8; 32],
+    },
+    /// Connector -> listener: its proof of the key.
+    AuthProof([u8; 32]),
 }
 
 /// Deserializes a `Vec<u32>` without trusting the announced length: serde would reserve up to
@@ -221,6 +232,9 @@ pub enum BootstrapError {
         /// Bytes of the frame expected (only the header, until the header is complete).
         expected: usize,
     },
+    /// Authentication failed: a wrong or missing key on one side (the message says which).
+    #[error("bootstrap authentication failed: {0}")]
+    AuthFailed(String),
     /// A well-formed frame of a kind that is not allowed at this point of the exchange.
     #[error("unexpected bootstrap frame: {0}")]
     Unexpected(&'static str),
