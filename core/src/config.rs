@@ -80,6 +80,10 @@ pub struct Config {
     /// authentication (a listener then refuses peers that offer it, and the other way
     /// round).
     pub auth_key: Option<crate::bootstrap::AuthKey>,
+    /// The GID index endpoints use on every port (`RDMX_GID_INDEX`). `None`: the port's
+    /// RoCE v2 IPv4-mapped entry (`Context::roce_v2_gid_index` of rdmx-verbs; 0 on soft
+    /// devices).
+    pub gid_index: Option<u32>,
 }
 
 impl Default for Config {
@@ -100,6 +104,7 @@ impl Default for Config {
             connect_timeout: Duration::from_millis(5000),
             xrc_domain: None,
             auth_key: None,
+            gid_index: None,
         }
     }
 }
@@ -211,6 +216,7 @@ pub struct ConfigBuilder {
     connect_timeout: Option<Duration>,
     xrc_domain: Option<std::path::PathBuf>,
     auth_key: Option<Vec<u8>>,
+    gid_index: Option<u32>,
 }
 
 macro_rules! setter {
@@ -288,6 +294,11 @@ impl ConfigBuilder {
     setter!(
         /// Sets the connect deadline (`RDMX_CONNECT_TIMEOUT_MS`).
         connect_timeout: Duration
+    );
+    setter!(
+        /// Sets the GID index used on every port (`RDMX_GID_INDEX`; default: the port's
+        /// RoCE v2 IPv4-mapped entry).
+        gid_index: u32
     );
 
     /// Resolves builder values, then the environment, then the defaults, and validates.
@@ -386,6 +397,10 @@ impl ConfigBuilder {
                     .filter(|v| !v.is_empty())
                     .map(std::path::PathBuf::from)
             }),
+            gid_index: match self.gid_index {
+                Some(i) => Some(i),
+                None => u32_of("RDMX_GID_INDEX")?,
+            },
             auth_key: match self.auth_key.or_else(|| {
                 env("RDMX_AUTH_KEY")
                     .filter(|v| !v.is_empty())
@@ -466,6 +481,34 @@ mod tests {
         assert_eq!(c.transport, Transport::Xrc);
         assert_eq!(c.busy_poll, Duration::ZERO);
         assert_eq!(c.rndv_window, 2);
+    }
+
+    #[test]
+    fn gid_index_and_auth_key_come_from_the_builder_or_the_environment() {
+        let env = env_of(&[
+            ("RDMX_GID_INDEX", "3"),
+            ("RDMX_AUTH_KEY", "a key from the environment"),
+        ]);
+        let c = ConfigBuilder::default().resolve_with(&env).unwrap();
+        assert_eq!(c.gid_index, Some(3));
+        assert_eq!(
+            c.auth_key,
+            Some(crate::bootstrap::AuthKey::new("a key from the environment").unwrap())
+        );
+        let c = ConfigBuilder::default()
+            .gid_index(1)
+            .auth_key("another key, long enough")
+            .resolve_with(&env)
+            .unwrap();
+        assert_eq!(c.gid_index, Some(1));
+        assert!(
+            !format!("{c:?}").contains("another key"),
+            "the key is not printed"
+        );
+        let short = env_of(&[("RDMX_AUTH_KEY", "short")]);
+        assert!(ConfigBuilder::default().resolve_with(&short).is_err());
+        let bad = env_of(&[("RDMX_GID_INDEX", "x")]);
+        assert!(ConfigBuilder::default().resolve_with(&bad).is_err());
     }
 
     #[test]

@@ -118,6 +118,16 @@ fn describe(name: &str, ctx: &Context) -> Result<String> {
         let gid = ctx
             .query_gid(port, 0)
             .with_ctx(|| format!("querying GID 0 of port {port}"))?;
+        // The entry rdmx endpoints use (`RDMX_GID_INDEX` overrides it).
+        let chosen = ctx
+            .roce_v2_gid_index(port)
+            .with_ctx(|| format!("choosing the GID of port {port}"))?;
+        let chosen_gid = ctx
+            .query_gid(port, chosen)
+            .with_ctx(|| format!("querying GID {chosen} of port {port}"))?;
+        let chosen_type = ctx
+            .query_gid_type(port, chosen)
+            .map_or_else(|_| "type unknown".to_string(), |t| format!("{t:?}"));
         let addr = ctx
             .port_addr(port)
             .with_ctx(|| format!("address of port {port}"))?;
@@ -133,6 +143,10 @@ fn describe(name: &str, ctx: &Context) -> Result<String> {
         let _ = writeln!(w, "\t\t\tgid_tbl_len:\t{}", p.gid_tbl_len);
         let _ = writeln!(w, "\t\t\tlink_layer:\t{}", p.link_layer);
         let _ = writeln!(w, "\t\t\tGID[0]:\t\t{gid}");
+        let _ = writeln!(
+            w,
+            "\t\t\trdmx GID:\tGID[{chosen}] {chosen_gid} ({chosen_type}; RDMX_GID_INDEX overrides)"
+        );
         let _ = writeln!(w, "\t\t\tudp_addr:\t{addr}");
     }
     Ok(s)

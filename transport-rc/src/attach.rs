@@ -88,6 +88,21 @@ impl RcTransport {
                 cfg.max_message = largest;
             }
             let port = vctx.query_port(1)?;
+            let gid_of = |p: u8| -> Result<u32> {
+                Ok(match cfg.gid_index {
+                    Some(i) => i,
+                    None => vctx.roce_v2_gid_index(p)?,
+                })
+            };
+            let gid_index = [
+                gid_of(1)?,
+                if dev.phys_port_cnt >= 2 {
+                    gid_of(2)?
+                } else {
+                    0
+                },
+            ];
+            tracing::debug!(?gid_index, "GID indexes of ports 1 and 2");
             let regcache = rdmx_core::RegCache::new(pd.clone(), cfg.regcache_max);
             let batch_posts = node.as_ref().is_some_and(|n| n.inner.xrcd.is_remote());
             let st = State::new(&cfg, w.now());
@@ -114,6 +129,7 @@ impl RcTransport {
                 // XRC: a window cannot be bound to a target queue pair (it has no send
                 // queue), and type 1 windows answer any queue pair of the domain.
                 confine,
+                gid_index,
                 cfg,
             });
             made = Some(shared.clone());

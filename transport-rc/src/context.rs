@@ -135,6 +135,11 @@ impl<C: FromParts> ContextBuilder<C> {
         /// Connect deadline (`RDMX_CONNECT_TIMEOUT_MS`).
         connect_timeout: Duration
     );
+    forward!(
+        /// The GID index endpoints use on every port (`RDMX_GID_INDEX`; default: the
+        /// port's RoCE v2 IPv4-mapped entry).
+        gid_index: u32
+    );
 
     /// The bootstrap's shared secret (`RDMX_AUTH_KEY`, at least 16 bytes): connections
     /// are made only between contexts that hold the same one (a challenge-response before

@@ -82,7 +82,10 @@ pub(crate) fn to_rtr(
 ) -> Result<()> {
     let mut attr = QpAttr {
         qp_state: QpState::Rtr,
-        ah_attr: crate::util::av(path),
+        ah_attr: rdmx_verbs::AhAttr {
+            sgid_index: u8::try_from(sh.gid_index(1)).unwrap_or(0),
+            ..crate::util::av(path)
+        },
         path_mtu: path_mtu(sh, peer_mtu),
         dest_qp_num: dest_qpn,
         rq_psn,
@@ -119,7 +122,7 @@ pub(crate) fn to_rts(sh: &Shared, qp: &QueuePair, sq_psn: u32, requester: bool) 
 }
 
 pub(crate) fn path_info(sh: &Shared, port: u8) -> Result<PathInfo> {
-    let gid = sh.vctx.query_gid(port, 0)?;
+    let gid = sh.vctx.query_gid(port, sh.gid_index(port))?;
     let udp_port = sh.vctx.port_addr(port).map_or(4791, |a| a.port());
     Ok(PathInfo {
         gid: gid.0,

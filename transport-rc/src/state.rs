@@ -249,6 +249,16 @@ pub(crate) struct Shared {
     /// the endpoint's queue pair, for that transfer only (RC on a device with windows; see
     /// `send_rndv`). Otherwise the peer gets the registration's own key.
     pub(crate) confine: bool,
+    /// The GID index of ports 1 and 2 (`Config::gid_index`, else the port's RoCE v2
+    /// IPv4-mapped entry): the GID advertised for the port and the source of its paths.
+    pub(crate) gid_index: [u32; 2],
+}
+
+impl Shared {
+    /// The GID index of local port `port`.
+    pub(crate) fn gid_index(&self, port: u8) -> u32 {
+        self.gid_index[usize::from(port.clamp(1, 2)) - 1]
+    }
 }
 
 /// An RC transport as its handles (context, endpoints, listener) reach it: the worker it

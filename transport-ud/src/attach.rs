@@ -62,6 +62,10 @@ impl UdTransport {
             let qp = ud_qp(&pd, &cq, sq_depth, rq_depth)?;
             let ctrl_qp = ud_qp(&pd, &cq, sq_depth, ctrl_depth)?;
             let addr = vctx.port_addr(1)?;
+            let gid_index = match cfg.gid_index {
+                Some(i) => i,
+                None => vctx.roce_v2_gid_index(1)?,
+            };
             let session = SessionConfig {
                 max_datagram,
                 max_message: cfg.max_message,
@@ -83,6 +87,7 @@ impl UdTransport {
                 ctrl_qp,
                 pool,
                 qkey: QKEY,
+                gid_index,
                 session,
                 sq_depth,
                 addr,

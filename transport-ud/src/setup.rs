@@ -84,7 +84,7 @@ impl UdRef {
     /// Our side, for the peer.
     pub(crate) fn describe(&self, h: &Half, app_data: Vec<u8>) -> Result<EndpointInfo> {
         let sh = &self.sh;
-        let gid = sh.vctx.query_gid(1, 0)?;
+        let gid = sh.vctx.query_gid(1, sh.gid_index)?;
         Ok(EndpointInfo {
             transport: Transport::Ud,
             qpn: sh.qp.qp_num().0,
@@ -123,11 +123,10 @@ impl UdRef {
         let to = (peer.gid, peer.addr.port());
         let ah = match self.with(|_, st, _| st.ahs.get(&to).cloned()) {
             Some(ah) => ah,
-            None => Arc::new(
-                self.sh
-                    .pd
-                    .create_ah(&AhAttr::new(peer.gid).with_udp_port(peer.addr.port()))?,
-            ),
+            None => Arc::new(self.sh.pd.create_ah(&AhAttr {
+                sgid_index: u8::try_from(self.sh.gid_index).unwrap_or(0),
+                ..AhAttr::new(peer.gid).with_udp_port(peer.addr.port())
+            })?),
         };
         let id = self.with(|sh, st, cx| {
             // (Another session to the same remote may have cached one meanwhile.)

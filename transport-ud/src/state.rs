@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) pool: BufferPool,
     /// The Q_Key of every datagram of rdmx UD endpoints.
     pub(crate) qkey: u32,
+    /// The GID index of port 1 (`Config::gid_index`, else its RoCE v2 IPv4-mapped entry).
+    pub(crate) gid_index: u32,
     /// How each session behaves (its receive window is the configured credits).
     pub(crate) session: SessionConfig,
     /// Send work requests at most in flight.

@@ -182,6 +182,47 @@ impl Context {
         self.dev().query_gid(port, index)
     }
 
+    /// The type of GID table entry `index` of `port` (`ibv_query_gid_ex`).
+    ///
+    /// # Errors
+    /// As the provider reports (an empty entry, a port that does not exist).
+    pub fn query_gid_type(
+        &self,
+        port: u8,
+        index: u32,
+    ) -> Result<crate::types::GidType, VerbsError> {
+        self.dev().query_gid_type(port, index)
+    }
+
+    /// The GID index rdmx uses on `port` by default: the first RoCE v2 entry holding an
+    /// IPv4-mapped address (`::ffff:a.b.c.d`), else the first RoCE v2 entry, else 0 (a
+    /// device that does not report types). On a RoCE NIC index 0 is usually RoCE v1 or
+    /// the link-local IPv6 address, which a RoCE v2 peer cannot reach.
+    ///
+    /// # Errors
+    /// As `query_port`.
+    pub fn roce_v2_gid_index(&self, port: u8) -> Result<u32, VerbsError> {
+        let len = self.query_port(port)?.gid_tbl_len.min(256);
+        let mut first_v2 = None;
+        for i in 0..len {
+            let Ok(t) = self.query_gid_type(port, i) else {
+                continue;
+            };
+            if t != crate::types::GidType::RoceV2 {
+                continue;
+            }
+            let Ok(g) = self.query_gid(port, i) else {
+                continue;
+            };
+            let mapped = g.0[..10].iter().all(|&b| b == 0) && g.0[10..12] == [0xFF, 0xFF];
+            if mapped {
+                return Ok(i);
+            }
+            first_v2.get_or_insert(i);
+        }
+        Ok(first_v2.unwrap_or(0))
+    }
+
     /// The local UDP address of port `port` (soft provider): its IP is the port's GID and
     /// its UDP port goes into a peer's [`AhAttr::udp_port`](crate::types::AhAttr::udp_port).
     ///

@@ -36,6 +36,11 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn query_device(&self) -> DeviceAttr;
     fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError>;
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid, VerbsError>;
+    /// The type of GID table entry `index` of `port` (`Unsupported` where the provider
+    /// cannot tell).
+    fn query_gid_type(&self, _port: u8, _index: u32) -> Result<crate::types::GidType, VerbsError> {
+        Err(VerbsError::Unsupported("GID types on this provider"))
+    }
     /// The UDP address of a soft port (`InvalidArgument` elsewhere).
     fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError>;
     fn pop_event(&self) -> Option<AsyncEvent>;

@@ -93,6 +93,17 @@ impl Rkey {
     }
 }
 
+/// What a GID table entry is for (`ibv_gid_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GidType {
+    /// InfiniBand (0).
+    Ib,
+    /// RoCE v1: Ethernet, no IP (1).
+    RoceV1,
+    /// RoCE v2: UDP/IP (2); what rdmx speaks.
+    RoceV2,
+}
+
 /// The type of a memory window (`ibv_mw_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MwType {

@@ -231,6 +231,7 @@ pub(crate) fn load_alternate(
 ) -> Result<()> {
     let mut alt = crate::util::av(path);
     alt.port_num = local_port;
+    alt.sgid_index = u8::try_from(sh.gid_index(local_port)).unwrap_or(0);
     qp.modify(
         &QpAttr {
             qp_state: QpState::Rts,

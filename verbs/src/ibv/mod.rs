@@ -361,6 +361,30 @@ impl Provider for IbvDevice {
         Ok(Gid(unsafe { g.raw }))
     }
 
+    fn query_gid_type(&self, port: u8, index: u32) -> Result<crate::types::GidType, VerbsError> {
+        // SAFETY: a plain C struct of integers and a byte union; zeroes are valid.
+        let mut e: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+        // SAFETY: `ctx` is open; `e` is a live entry of the size passed.
+        let rc = unsafe {
+            ffi::_ibv_query_gid_ex(
+                self.ctx,
+                u32::from(port),
+                index,
+                &raw mut e,
+                0,
+                size_of::<ffi::ibv_gid_entry>(),
+            )
+        };
+        if rc != 0 {
+            return Err(io_err("ibv_query_gid_ex", rc));
+        }
+        Ok(match e.gid_type {
+            ffi::IBV_GID_TYPE_ROCE_V2 => crate::types::GidType::RoceV2,
+            1 => crate::types::GidType::RoceV1,
+            _ => crate::types::GidType::Ib,
+        })
+    }
+
     fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError> {
         let _ = port;
         Err(VerbsError::InvalidArgument(

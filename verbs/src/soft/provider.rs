@@ -89,6 +89,12 @@ impl Provider for Shared {
         Ok(Gid::from_ip(self.port_addr(port)?.ip()))
     }
 
+    fn query_gid_type(&self, port: u8, index: u32) -> Result<crate::types::GidType, VerbsError> {
+        // One entry per port: the port's address, spoken over UDP.
+        self.query_gid(port, index)
+            .map(|_| crate::types::GidType::RoceV2)
+    }
+
     fn port_addr(&self, port: u8) -> Result<SocketAddr, VerbsError> {
         Ok(self.addrs()[self.port_index(port)?])
     }

@@ -475,3 +475,17 @@ fn the_callers_own_memory_is_registered_and_given_back() {
     let own = own.into_bytes().unwrap_err().expect("the region back");
     own.write(0, b"still there").unwrap();
 }
+
+/// The GID rdmx picks by default is a RoCE v2 entry (IPv4-mapped where the port has one).
+#[test]
+fn the_default_gid_is_roce_v2() {
+    let ctx = common::open_test_device();
+    let i = ctx.roce_v2_gid_index(1).unwrap();
+    match ctx.query_gid_type(1, i) {
+        Ok(t) => assert_eq!(t, rdmx_verbs::GidType::RoceV2, "GID[{i}]"),
+        Err(e) => common::skip("the_default_gid_is_roce_v2", &e.to_string()),
+    }
+    if common::on_soft() {
+        assert_eq!(i, 0, "a soft port has one entry");
+    }
+}
