@@ -6,7 +6,9 @@
 //! A posted operation's buffer belongs to the endpoint until the NIC is done with it: an
 //! operation whose wait gives up (a timeout, a dropped `PendingOp` or future) stays posted,
 //! its buffer is released when its completion (or the flush of its queue pair) arrives, and
-//! its result is then dropped. A failure names the endpoint's cause once it is down (the
+//! its result is then dropped. The `*_timeout` calls go further: one whose operation was
+//! posted and timed out fails the endpoint, which flushes its queue pair, so the operation
+//! cannot happen after the caller was told it timed out (it may have happened before). A failure names the endpoint's cause once it is down (the
 //! cause its events report: `PeerUnreachable` for a dead peer), else the completion's status.
 
 use std::marker::PhantomData;
@@ -223,7 +225,28 @@ impl Endpoint {
         });
         // (A pending operation that timed out is dropped here, outside the wait: it is
         // marked abandoned under the worker's lock.)
+        let posted = pending.as_ref().is_some_and(|p| !p.done);
         drop(pending);
+        if posted && matches!(r, Err(Error::Timeout(_))) {
+            // A deadline that flushes: the operation must not happen after the caller was
+            // told it timed out. One work request of a queue pair cannot be taken back, so
+            // the endpoint fails and its queue pair is flushed; the operation's buffer is
+            // released when its flush completion arrives (never before: the NIC may be
+            // using it until then).
+            let key = self.key;
+            self.rc.with(|sh, st, cx| {
+                sh.fail(
+                    st,
+                    cx,
+                    key,
+                    DisconnectCause::TransportError(
+                        "a one-sided operation timed out: the endpoint's queue pair was \
+                         flushed"
+                            .into(),
+                    ),
+                );
+            });
+        }
         r
     }
 
@@ -320,7 +343,8 @@ impl Endpoint {
     /// write).
     ///
     /// # Errors
-    /// As `write`, plus `Timeout` (the write may still happen).
+    /// As `write`, plus `Timeout`; if the write was posted, the endpoint then fails and its
+    /// queue pair is flushed, so it does not happen afterwards (see the module docs).
     pub fn write_timeout(
         &self,
         remote: &RemoteRegion,
@@ -385,7 +409,8 @@ impl Endpoint {
     /// read).
     ///
     /// # Errors
-    /// As `read`, plus `Timeout`.
+    /// As `read`, plus `Timeout`; if the read was posted, the endpoint then fails and its
+    /// queue pair is flushed (see the module docs).
     pub fn read_timeout(
         &self,
         remote: &RemoteRegion,
@@ -446,7 +471,8 @@ impl Endpoint {
     /// [`compare_swap`](Self::compare_swap), waiting at most `timeout`.
     ///
     /// # Errors
-    /// As `compare_swap`, plus `Timeout` (the swap may still happen).
+    /// As `compare_swap`, plus `Timeout`; if it was posted, the endpoint then fails and its
+    /// queue pair is flushed, so the swap does not happen afterwards.
     pub fn compare_swap_timeout(
         &self,
         remote: &RemoteRegion,
@@ -484,7 +510,8 @@ impl Endpoint {
     /// [`fetch_add`](Self::fetch_add), waiting at most `timeout`.
     ///
     /// # Errors
-    /// As `fetch_add`, plus `Timeout` (the add may still happen).
+    /// As `fetch_add`, plus `Timeout`; if it was posted, the endpoint then fails and its
+    /// queue pair is flushed, so the add does not happen afterwards.
     pub fn fetch_add_timeout(
         &self,
         remote: &RemoteRegion,
