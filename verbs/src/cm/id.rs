@@ -186,6 +186,10 @@ impl fmt::Debug for IdInner {
 /// ([`create_qp`](Self::create_qp)), and reports what happens to it on its channel.
 /// Cheap to clone; dropping the last clone is `rdma_destroy_id` (a pending request is
 /// rejected, a connection is told once with a DREQ, the QP is destroyed).
+///
+/// An ID made with [`EventChannel::create_id_on`](super::EventChannel::create_id_on) on a
+/// libibverbs device (feature `ibverbs`) is a librdmacm `rdma_cm_id`: the same calls and
+/// events, carried out by the kernel's CM (see the [module docs](super)).
 #[derive(Debug, Clone)]
 pub struct CmId {
     pub(crate) inner: Arc<IdInner>,
@@ -291,7 +295,8 @@ impl CmId {
         self.inner.st.lock().peer
     }
 
-    /// Counters of the ID's CM socket (a listener's is shared with the IDs it accepted).
+    /// Counters of the ID's CM socket (a listener's is shared with the IDs it accepted);
+    /// zero for a librdmacm ID (the kernel's CM keeps its own).
     pub fn stats(&self) -> CmStats {
         self.inner
             .st

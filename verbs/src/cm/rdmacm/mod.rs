@@ -35,7 +35,7 @@
 //!   created, for groups joined before) and detached on leave.
 //!
 //! The attributes from `rdma_init_qp_attr` go to `ibv_modify_qp` as they are (not through
-//! [`QpAttr`](crate::QpAttr), whose address vector has no LID, SL or rate). On an
+//! [`QpAttr`], whose address vector has no LID, SL or rate). On an
 //! InfiniBand port bits 21-23 of the returned mask are cleared first, as librdmacm does.
 //! Responder resources and initiator depth are limited to the device's maxima (librdmacm
 //! refuses larger values), and a passive side's initiator depth to the requester's
@@ -44,7 +44,8 @@
 //! # Devices: the ID's `Context` is the caller's, not librdmacm's
 //!
 //! librdmacm opens its own `ibv_context` per device (`id->verbs`) and owns it: it opens it
-//! lazily, keeps a PD of its own in it, and closes it when the device goes away. rdmx's
+//! lazily, allocates a PD of its own in it while IDs use the device (freed with the last),
+//! and closes it when the device is unplugged and no ID uses it any more. rdmx's
 //! libibverbs provider owns and closes the contexts it wraps, runs a thread on each that
 //! consumes its asynchronous events, and makes their descriptors non-blocking. Adopting
 //! librdmacm's context would give it two owners, so it is not done: an ID on hardware is
@@ -54,8 +55,9 @@
 //! device librdmacm chose: QP numbers, keys and addresses are the device's, whichever
 //! context made them. An address on another device is refused (`bind_addr`:
 //! `InvalidArgument`; `resolve_addr`: ADDR_ERROR with status `-ENODEV`; a request arriving
-//! on another device: rejected and not reported). [`EventChannel::create_id`]
-//! (super::EventChannel::create_id) without a device stays on the soft provider.
+//! on another device: rejected and not reported).
+//! [`EventChannel::create_id`](super::EventChannel::create_id), without a device, stays on
+//! the soft provider.
 //!
 //! # Not covered
 //!
@@ -1277,5 +1279,211 @@ fn qp_error(qp: &QueuePair) {
     };
     if let Err(e) = qp.modify(&err, M::STATE) {
         tracing::debug!(error = %e, "rdma_cm: moving the QP to ERR");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_addresses_round_trip_through_c() {
+        for a in [
+            "192.0.2.7:4791",
+            "0.0.0.0:0",
+            "[2001:db8::1]:7471",
+            "[::ffff:10.1.2.3]:1",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_sockaddr(&to_sockaddr(a)), Some(a), "{a}");
+        }
+        // SAFETY: a plain C struct; all-zero bytes are valid (family AF_UNSPEC).
+        let none: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(from_sockaddr(&none), None);
+    }
+
+    #[test]
+    fn time_outs_and_limits_fit_librdmacm() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_millis(2500)), 2500);
+        assert_eq!(millis(Duration::from_secs(u64::MAX)), c_int::MAX);
+        assert_eq!((limit(16), limit(1000)), (16, 255));
+    }
+
+    /// A zeroed `rdma_cm_id` whose `context` is `key`.
+    fn fake_id(key: u64) -> Box<ffi::rdma_cm_id> {
+        // SAFETY: pointers, integers, socket addresses and GID unions: all-zero is valid.
+        let mut id: Box<ffi::rdma_cm_id> = Box::new(unsafe { std::mem::zeroed() });
+        id.context = key as usize as *mut c_void;
+        id
+    }
+
+    fn fake_event(
+        event: u32,
+        id: &mut ffi::rdma_cm_id,
+        listen: Option<&mut ffi::rdma_cm_id>,
+    ) -> ffi::rdma_cm_event {
+        ffi::rdma_cm_event {
+            id,
+            listen_id: listen.map_or(std::ptr::null_mut(), |l| l),
+            event,
+            status: 0,
+            // SAFETY: plain C data; all-zero is valid for either member.
+            param: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    #[test]
+    fn a_connect_request_is_copied_with_the_listener_key_and_its_private_data() {
+        use ffi::event_type as e;
+        let mut new = fake_id(0);
+        let mut listener = fake_id(42);
+        let data: Vec<u8> = (0..56).collect();
+        let mut ev = fake_event(e::CONNECT_REQUEST, &mut new, Some(&mut listener));
+        ev.param.conn = ffi::rdma_conn_param {
+            private_data: data.as_ptr().cast(),
+            private_data_len: 56,
+            responder_resources: 3,
+            initiator_depth: 2,
+            flow_control: 1,
+            retry_count: 6,
+            rnr_retry_count: 7,
+            srq: 1,
+            qp_num: 0x12_3456,
+        };
+        // SAFETY: a live event of our own making.
+        let raw = unsafe { RawEvent::copy(&ev) };
+        assert_eq!(raw.key, 42, "a request is found by its listener");
+        assert_eq!(raw.id, &raw mut *new);
+        assert_eq!(raw.private_data, data);
+        assert!(
+            raw.conn.private_data.is_null(),
+            "no pointer outlives the ack"
+        );
+        let p = raw.peer();
+        assert_eq!(
+            (p.responder_resources, p.initiator_depth, p.retry_count),
+            (3, 2, 6)
+        );
+        assert_eq!(
+            (p.rnr_retry_count, p.qp_num, p.srq),
+            (7, Qpn(0x12_3456), true)
+        );
+        assert!(raw.ud.is_none());
+    }
+
+    #[test]
+    fn an_event_without_private_data_copies_none() {
+        use ffi::event_type as e;
+        let mut id = fake_id(7);
+        let mut ev = fake_event(e::DISCONNECTED, &mut id, None);
+        ev.status = -5;
+        // A length with no pointer (librdmacm sets both or neither) reads nothing.
+        ev.param.conn.private_data_len = 9;
+        // SAFETY: a live event of our own making.
+        let raw = unsafe { RawEvent::copy(&ev) };
+        assert_eq!((raw.key, raw.status), (7, -5));
+        assert!(raw.private_data.is_empty());
+    }
+
+    #[test]
+    fn a_multicast_join_yields_the_group_and_not_the_context_as_data() {
+        use ffi::event_type as e;
+        let mut id = fake_id(9);
+        let mut ev = fake_event(e::MULTICAST_JOIN, &mut id, None);
+        let mgid = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(239, 1, 2, 3)));
+        let mut ah = ibv::ibv_ah_attr {
+            dlid: 0xC001,
+            port_num: 1,
+            is_global: 1,
+            ..Default::default()
+        };
+        ah.grh.dgid = ibv::ibv_gid { raw: mgid.0 };
+        ah.grh.sgid_index = 3;
+        ah.grh.hop_limit = 1;
+        ev.param.ud = ffi::rdma_ud_param {
+            // librdmacm puts the join's context here.
+            private_data: 5usize as *const c_void,
+            private_data_len: 0,
+            ah_attr: ah,
+            qp_num: 0xFF_FFFF,
+            qkey: super::super::id::RDMA_UDP_QKEY,
+        };
+        // SAFETY: a live event of our own making.
+        let raw = unsafe { RawEvent::copy(&ev) };
+        assert_eq!(raw.mc_token, 5);
+        assert!(raw.private_data.is_empty());
+        let (ah, g, mlid, qpn, qkey) = raw.ud.unwrap();
+        assert_eq!((g, mlid, qpn, qkey), (mgid, 0xC001, 0xFF_FFFF, 0x0123_4567));
+        assert_eq!((ah.dgid, ah.sgid_index, ah.hop_limit), (mgid, 3, 1));
+        assert_eq!(Qpn(qpn), Qpn::MULTICAST);
+    }
+
+    /// What this machine's librdmacm does without devices: either the kernel CM is there
+    /// and an address no RDMA device serves resolves to ADDR_ERROR (or fails at once)
+    /// within the time-out, or creating the channel fails cleanly. Never a panic, never
+    /// an unbounded wait.
+    #[test]
+    fn the_kernel_cm_answers_or_refuses_cleanly() {
+        use ffi::event_type as e;
+        let chan = match HwChannel::new() {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                // No /dev/infiniband/rdma_cm (no rdma_ucm module): ENODEV or the like.
+                assert!(
+                    matches!(&e, CmError::Io { op: "rdma_create_event_channel", error }
+                        if error.raw_os_error().is_some()),
+                    "{e:?}"
+                );
+                eprintln!("no kernel CM here: {e}");
+                return;
+            }
+        };
+        let raw = chan.create_raw(1, PortSpace::Tcp).expect("rdma_create_id");
+        let id = HwId::new(raw, 1, &chan);
+        // Binding to loopback works or fails with an errno.
+        let mut lo = to_sockaddr("127.0.0.1:0".parse().unwrap());
+        // SAFETY: a live ID; `lo` is a live IPv4 socket address.
+        let rc = unsafe { ffi::rdma_bind_addr(id.id.0, (&raw mut lo).cast()) };
+        if rc != 0 {
+            eprintln!(
+                "rdma_bind_addr(127.0.0.1): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        drop(id);
+        // A documentation address (TEST-NET-1) from a fresh ID.
+        let raw = chan.create_raw(2, PortSpace::Tcp).expect("rdma_create_id");
+        let id = HwId::new(raw, 2, &chan);
+        let mut dst = to_sockaddr("192.0.2.1:7471".parse().unwrap());
+        // SAFETY: a live ID; `dst` is a live socket address.
+        let rc = unsafe {
+            ffi::rdma_resolve_addr(id.id.0, std::ptr::null_mut(), (&raw mut dst).cast(), 500)
+        };
+        if rc != 0 {
+            eprintln!("rdma_resolve_addr: {}", std::io::Error::last_os_error());
+            return;
+        }
+        let ready = crate::os::poll_readable(&[chan.fd()], Some(Duration::from_secs(5)))
+            .expect("poll the channel");
+        assert_eq!(ready, vec![true], "an answer within the time-out");
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: a live channel; `ev` is a live out-pointer.
+        let rc = unsafe { ffi::rdma_get_cm_event(chan.ch.0, &raw mut ev) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: just returned, not yet acknowledged.
+        let got = unsafe { RawEvent::copy(ev) };
+        // SAFETY: acknowledged once.
+        unsafe { ffi::rdma_ack_cm_event(ev) };
+        assert_eq!(got.key, 2);
+        // A host with an RDMA device and a default route may resolve it (to the gateway).
+        assert!(
+            matches!(got.event, e::ADDR_ERROR | e::ADDR_RESOLVED),
+            "event {}",
+            got.event
+        );
+        if got.event == e::ADDR_ERROR {
+            assert!(got.status < 0, "a negative errno: {}", got.status);
+        }
     }
 }
