@@ -422,7 +422,9 @@ impl HwChannel {
             if rc != 0 || ev.is_null() {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::WouldBlock {
-                    tracing::debug!(error = %e, "rdma_get_cm_event");
+                    // The descriptor may stay readable: pause rather than spin on it.
+                    tracing::warn!(error = %e, "rdma_get_cm_event failed");
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 return;
             }
@@ -453,6 +455,9 @@ impl HwChannel {
 
     /// A CONNECT_REQUEST: the new `rdma_cm_id` becomes a new [`CmId`].
     fn connect_request(self: &Arc<Self>, core: &Arc<ChannelCore>, raw: RawEvent) {
+        if raw.id.is_null() {
+            return;
+        }
         let key = self.key();
         // SAFETY: librdmacm created this ID for the request and handed it to us; `context`
         // is the application's field (it holds the listener's key until we set ours).
