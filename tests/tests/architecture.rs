@@ -5,7 +5,8 @@
 //! * a transport crate depends on no other transport, and core on none;
 //! * in the verbs crate, the public objects and the libibverbs provider (`ibv/`) import
 //!   nothing from the soft provider (`soft/`), nor `soft/` from `ibv/`; only `device.rs`
-//!   (`Device::open_with`) names both; the soft engine imports no public object.
+//!   (`Device::open_with`) and the connection manager (`cm/`: the soft CM, and librdmacm
+//!   on `ibv/` devices) name both; the soft engine imports no public object.
 //!
 //! "Imports" are what the code names: `crate::x` paths (in `use` or inline), `super::x` from
 //! a top-level file, and `use crate::{x, ...}` groups. Comments and `#[cfg(test)]` items are
@@ -472,7 +473,9 @@ fn the_verbs_objects_are_provider_neutral() {
     // The public objects and the provider interface: neither provider, but `device.rs`
     // (Device::open_with) names both, and the connection manager (`cm/`) speaks
     // RoCEv2-framed CM messages over its own UDP sockets with the soft provider's wire
-    // module: it is the soft provider's CM (librdmacm is the hardware one).
+    // module (the soft provider's CM) and, with the `ibverbs` feature, maps the same API
+    // onto librdmacm for `ibv/` devices (`cm/rdmacm/`, which reaches the libibverbs
+    // provider to move its QPs).
     for m in modules
         .iter()
         .filter(|m| !matches!(m.as_str(), "soft" | "ibv" | "device" | "cm"))

@@ -33,7 +33,8 @@
 //!
 //! ## Cargo features
 //! * `ibverbs` (off by default): the libibverbs provider for RDMA NICs and kernel Soft-RoCE
-//!   (needs `libibverbs-dev`, `cmake`, `libclang-dev`, `pkg-config`). It is built and linted
+//!   and the connection manager on it through librdmacm (needs `libibverbs-dev`,
+//!   `librdmacm-dev`, `cmake`, `libclang-dev`, `pkg-config`). It is built and linted
 //!   in CI but has not yet run against hardware (no NIC or rxe on our machines); run the
 //!   conformance suite on a device before relying on it.
 #![deny(unsafe_code)]

@@ -3,6 +3,7 @@
 //! through this trait, so the soft provider and a hardware provider sit behind the same API
 //! without callers knowing which one they use.
 
+use std::any::Any;
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -30,8 +31,9 @@ pub(crate) struct SoftStats {
 
 /// What a provider does. Handles are the provider's own numbering (QPNs are real QP
 /// numbers). Methods that cannot fail on a given provider still return `Result` where
-/// another provider's call can.
-pub(crate) trait Provider: Send + Sync + fmt::Debug {
+/// another provider's call can. `Any` lets code that pairs with one provider (the
+/// librdmacm side of `cm`) reach that provider's own type from a `Context`.
+pub(crate) trait Provider: Any + Send + Sync + fmt::Debug {
     // Device.
     fn query_device(&self) -> DeviceAttr;
     fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError>;

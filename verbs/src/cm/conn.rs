@@ -90,6 +90,10 @@ impl CmId {
         if self.inner.ps != PortSpace::Tcp {
             return Err(CmError::Unsupported("connect in the UDP port space (SIDR)"));
         }
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.connect(self, param);
+        }
         let (Some(ctx), Some(qp)) = (self.inner.ctx.get(), self.inner.qp.get()) else {
             return Err(CmError::InvalidState {
                 op: OP,
@@ -186,6 +190,10 @@ impl CmId {
     pub fn accept(&self, param: &ConnParam) -> Result<(), CmError> {
         const OP: &str = "accept";
         param.check(OP, ACCEPT_PRIVATE_MAX)?;
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.accept(self, param);
+        }
         let (Some(ctx), Some(qp)) = (self.inner.ctx.get(), self.inner.qp.get()) else {
             return Err(CmError::InvalidState {
                 op: OP,
@@ -265,6 +273,10 @@ impl CmId {
                 max: REJECT_PRIVATE_MAX,
             });
         }
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.reject(private_data);
+        }
         let mut st = self.inner.st.lock();
         let now = clock::monotonic();
         let mut out = Vec::new();
@@ -290,6 +302,10 @@ impl CmId {
     /// `InvalidState` when the ID is not connected.
     pub fn disconnect(&self) -> Result<(), CmError> {
         const OP: &str = "disconnect";
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.disconnect(self);
+        }
         let mut st = self.inner.st.lock();
         let now = clock::monotonic();
         let mut out = Vec::new();
@@ -367,6 +383,9 @@ pub(super) fn connect_qp(
 
 impl Drop for IdInner {
     fn drop(&mut self) {
+        // librdmacm's ID goes first (`rdma_destroy_id`), before the QP it names.
+        #[cfg(feature = "ibverbs")]
+        drop(self.hw.take());
         let st = self.st.get_mut();
         if let Some(mut conn) = st.conn.take() {
             let mut out = Vec::new();

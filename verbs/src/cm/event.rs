@@ -52,6 +52,18 @@ pub enum CmEventKind {
     MulticastJoin,
     /// `RDMA_CM_EVENT_MULTICAST_ERROR`: a join failed.
     MulticastError,
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL` (librdmacm only): the ID's device is going away;
+    /// drop the ID and everything made on the device.
+    #[cfg(feature = "ibverbs")]
+    DeviceRemoval,
+    /// `RDMA_CM_EVENT_ADDR_CHANGE` (librdmacm only): the ID's address moved to another
+    /// device or port.
+    #[cfg(feature = "ibverbs")]
+    AddrChange,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT` (librdmacm only): the QP of a closed connection left
+    /// its time-wait and may be reused.
+    #[cfg(feature = "ibverbs")]
+    TimewaitExit,
 }
 
 impl CmEventKind {
@@ -70,6 +82,12 @@ impl CmEventKind {
             Self::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
             Self::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
             Self::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
+            #[cfg(feature = "ibverbs")]
+            Self::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+            #[cfg(feature = "ibverbs")]
+            Self::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
+            #[cfg(feature = "ibverbs")]
+            Self::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
         }
     }
 }
@@ -171,9 +189,30 @@ pub(crate) struct ChannelCore {
     /// The IDs whose timers and sockets the thread serves.
     ids: Mutex<Vec<Weak<IdInner>>>,
     agents: Mutex<Vec<Weak<Agent>>>,
+    /// librdmacm's channel, created with the first ID on a libibverbs device.
+    #[cfg(feature = "ibverbs")]
+    rdmacm: Mutex<Option<Arc<super::rdmacm::HwChannel>>>,
 }
 
 impl ChannelCore {
+    /// librdmacm's channel of this channel, created on first use (and the thread told to
+    /// poll it).
+    ///
+    /// # Errors
+    /// `Io` when librdmacm cannot create it (no kernel CM).
+    #[cfg(feature = "ibverbs")]
+    pub(crate) fn rdmacm(&self) -> Result<Arc<super::rdmacm::HwChannel>, CmError> {
+        let mut hw = self.rdmacm.lock();
+        if let Some(h) = hw.as_ref() {
+            return Ok(Arc::clone(h));
+        }
+        let h = Arc::new(super::rdmacm::HwChannel::new()?);
+        *hw = Some(Arc::clone(&h));
+        drop(hw);
+        self.wake();
+        Ok(h)
+    }
+
     /// Queues an event (dropped when the channel is gone).
     pub(crate) fn push(&self, ev: CmEvent) {
         if self.stop.load(Ordering::Acquire) {
@@ -223,6 +262,12 @@ impl ChannelCore {
             drop(ids);
             let mut fds = vec![self.wake.raw()];
             fds.extend(agents.iter().map(|a| a.raw_fd()));
+            #[cfg(feature = "ibverbs")]
+            let hw = self.rdmacm.lock().clone();
+            #[cfg(feature = "ibverbs")]
+            if let Some(h) = &hw {
+                fds.push(h.fd());
+            }
             let ready = match poll_readable(&fds, Some(wait)) {
                 Ok(r) => r,
                 Err(e) => {
@@ -238,6 +283,12 @@ impl ChannelCore {
                 if *r {
                     a.receive(&mut buf);
                 }
+            }
+            #[cfg(feature = "ibverbs")]
+            if let Some(h) = hw
+                && ready.get(1 + agents.len()).copied().unwrap_or(false)
+            {
+                h.drain(&self);
             }
             drop(agents);
             let now = clock::monotonic();
@@ -282,6 +333,8 @@ impl EventChannel {
             stop: AtomicBool::new(false),
             ids: Mutex::new(Vec::new()),
             agents: Mutex::new(Vec::new()),
+            #[cfg(feature = "ibverbs")]
+            rdmacm: Mutex::new(None),
         });
         let c = Arc::clone(&core);
         let thread = std::thread::Builder::new()
@@ -310,10 +363,19 @@ impl EventChannel {
     /// Creates an ID bound to the device `ctx` rather than the default device of its address
     /// (the device `resolve_addr` and `bind_addr` use).
     ///
+    /// With the `ibverbs` feature, an ID on a libibverbs device is a librdmacm
+    /// `rdma_cm_id` (`rdma_create_id`; the channel's `rdma_event_channel` is created with
+    /// the first): the addresses it is bound or resolved to must belong to `ctx`'s device.
+    ///
     /// # Errors
-    /// `Unsupported` when `ctx` is not a soft device (librdmacm is not wrapped; see the
-    /// module docs).
+    /// `Unsupported` when `ctx` is neither a soft device nor (with the `ibverbs` feature) a
+    /// libibverbs one; `Io` when librdmacm cannot create the channel or the ID (e.g.
+    /// `ENODEV`: no kernel CM).
     pub fn create_id_on(&self, ctx: &Context, ps: PortSpace) -> Result<CmId, CmError> {
+        #[cfg(feature = "ibverbs")]
+        if super::rdmacm::is_ibverbs(ctx) {
+            return super::rdmacm::create_id(&self.core, ctx, ps);
+        }
         if ctx.port_addr(1).is_err() {
             return Err(CmError::Unsupported(
                 "the CM runs on soft devices only (librdmacm is not wrapped)",

@@ -155,12 +155,17 @@ pub(crate) struct IdState {
 pub(crate) struct IdInner {
     pub(crate) channel: Arc<ChannelCore>,
     pub(crate) ps: PortSpace,
-    pinned: Option<Context>,
+    /// The device given to `create_id_on`.
+    pub(crate) pinned: Option<Context>,
     pub(crate) ctx: OnceLock<Context>,
     pub(crate) pd: OnceLock<ProtectionDomain>,
     pub(crate) cqs: OnceLock<(CompletionQueue, CompletionQueue)>,
     pub(crate) qp: OnceLock<QueuePair>,
     pub(crate) st: Mutex<IdState>,
+    /// The provider split: an ID on a libibverbs device is a librdmacm `rdma_cm_id`
+    /// (`rdmacm/`), and its calls go there; `None` for the soft CM.
+    #[cfg(feature = "ibverbs")]
+    pub(crate) hw: Option<super::rdmacm::HwId>,
 }
 
 impl fmt::Debug for IdInner {
@@ -181,6 +186,10 @@ impl fmt::Debug for IdInner {
 /// ([`create_qp`](Self::create_qp)), and reports what happens to it on its channel.
 /// Cheap to clone; dropping the last clone is `rdma_destroy_id` (a pending request is
 /// rejected, a connection is told once with a DREQ, the QP is destroyed).
+///
+/// An ID made with [`EventChannel::create_id_on`](super::EventChannel::create_id_on) on a
+/// libibverbs device (feature `ibverbs`) is a librdmacm `rdma_cm_id`: the same calls and
+/// events, carried out by the kernel's CM (see the [module docs](super)).
 #[derive(Debug, Clone)]
 pub struct CmId {
     pub(crate) inner: Arc<IdInner>,
@@ -209,9 +218,40 @@ impl CmId {
             cqs: OnceLock::new(),
             qp: OnceLock::new(),
             st: Mutex::new(IdState::default()),
+            #[cfg(feature = "ibverbs")]
+            hw: None,
         });
         channel.register_id(&inner);
         Self { inner }
+    }
+
+    /// An ID on the libibverbs device `ctx`, with its librdmacm side.
+    #[cfg(feature = "ibverbs")]
+    pub(crate) fn create_hw(
+        channel: &Arc<ChannelCore>,
+        ps: PortSpace,
+        ctx: Context,
+        hw: super::rdmacm::HwId,
+    ) -> Self {
+        Self {
+            inner: Arc::new(IdInner {
+                channel: Arc::clone(channel),
+                ps,
+                pinned: Some(ctx),
+                ctx: OnceLock::new(),
+                pd: OnceLock::new(),
+                cqs: OnceLock::new(),
+                qp: OnceLock::new(),
+                st: Mutex::new(IdState::default()),
+                hw: Some(hw),
+            }),
+        }
+    }
+
+    /// The librdmacm side of an ID on a libibverbs device.
+    #[cfg(feature = "ibverbs")]
+    pub(crate) fn hw(&self) -> Option<&super::rdmacm::HwId> {
+        self.inner.hw.as_ref()
     }
 
     pub(crate) fn from_inner(inner: &Arc<IdInner>) -> Self {
@@ -255,7 +295,8 @@ impl CmId {
         self.inner.st.lock().peer
     }
 
-    /// Counters of the ID's CM socket (a listener's is shared with the IDs it accepted).
+    /// Counters of the ID's CM socket (a listener's is shared with the IDs it accepted);
+    /// zero for a librdmacm ID (the kernel's CM keeps its own).
     pub fn stats(&self) -> CmStats {
         self.inner
             .st
@@ -274,6 +315,10 @@ impl CmId {
     /// `InvalidState` when already bound; `Io` when the address is in use; `Verbs` when the
     /// device cannot be opened.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), CmError> {
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.bind_addr(self, addr);
+        }
         let mut st = self.inner.st.lock();
         if st.local.is_some() {
             return Err(CmError::InvalidState {
@@ -309,6 +354,10 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<(), CmError> {
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.resolve_addr(self, src, dst, timeout);
+        }
         let _ = timeout;
         let mut st = self.inner.st.lock();
         if st.conn.is_some() || st.backlog.is_some() {
@@ -365,6 +414,10 @@ impl CmId {
     /// # Errors
     /// `InvalidState` before `resolve_addr`.
     pub fn resolve_route(&self, timeout: Duration) -> Result<(), CmError> {
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.resolve_route(self, timeout);
+        }
         let _ = timeout;
         let mut st = self.inner.st.lock();
         if st.peer.is_none() {
@@ -389,6 +442,10 @@ impl CmId {
             return Err(CmError::Unsupported(
                 "listening in the UDP port space (SIDR)",
             ));
+        }
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.listen(self, backlog);
         }
         let mut st = self.inner.st.lock();
         let Some(agent) = st.agent.clone() else {
@@ -454,6 +511,11 @@ impl CmId {
             None => ctx.alloc_pd()?,
         };
         let qp = pd.create_qp(attr)?;
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            hw.init_qp(ctx, &qp, attr.srq.is_some())?;
+            return self.keep_qp(pd, attr, qp);
+        }
         match attr.qp_type {
             QpType::Ud => {
                 let init = QpAttr {
@@ -493,6 +555,16 @@ impl CmId {
                 qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
             }
         }
+        self.keep_qp(pd, attr, qp)
+    }
+
+    /// Keeps the new QP, its PD and its CQs in the ID.
+    fn keep_qp(
+        &self,
+        pd: ProtectionDomain,
+        attr: &QpInitAttr<'_>,
+        qp: QueuePair,
+    ) -> Result<&QueuePair, CmError> {
         let _ = self.inner.pd.set(pd);
         let _ = self
             .inner

@@ -28,6 +28,10 @@ impl CmId {
                 "{group} is not a multicast address"
             )));
         }
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.join_multicast(self, group);
+        }
         if self.inner.ctx.get().is_none() {
             return Err(CmError::InvalidState {
                 op: "join a multicast group",
@@ -73,6 +77,10 @@ impl CmId {
     /// `InvalidArgument` when the group is not joined; `Verbs` when the QP cannot be
     /// detached.
     pub fn leave_multicast(&self, group: IpAddr) -> Result<(), CmError> {
+        #[cfg(feature = "ibverbs")]
+        if let Some(hw) = self.hw() {
+            return hw.leave_multicast(self, group);
+        }
         let mgid = Gid::from_ip(group);
         let mut st = self.inner.st.lock();
         let Some(i) = st.groups.iter().position(|g| *g == mgid) else {

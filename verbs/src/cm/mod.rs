@@ -76,8 +76,15 @@
 //!
 //! An ID is bound to the soft device of its local address, opened when first needed and
 //! shared by the process's IDs while any of them uses it, or to the device given to
-//! [`EventChannel::create_id_on`]. The `ibverbs` provider's devices are not supported
-//! (librdmacm is not wrapped): `create_id_on` returns `Unsupported` for them.
+//! [`EventChannel::create_id_on`].
+//!
+//! With the `ibverbs` feature, `create_id_on` a libibverbs device makes an ID of the
+//! kernel's CM through librdmacm instead (`rdma_create_id` and the other `rdma_*` calls;
+//! see `rdmacm/`): the same API and events, with rdmx's QP (librdmacm's `rdma_create_qp`
+//! is not used) moved through its states with the attributes `rdma_init_qp_attr` gives,
+//! and the caller's `Context` (librdmacm's own `ibv_context` is not adopted). The
+//! sections above describe the soft CM only; librdmacm speaks to the kernel's. Without
+//! the feature, `create_id_on` a device that is not soft returns `Unsupported`.
 
 mod agent;
 mod conn;
@@ -90,6 +97,8 @@ pub mod mad;
 mod mcast;
 pub mod msg;
 mod proto;
+#[cfg(feature = "ibverbs")]
+mod rdmacm;
 
 pub use agent::CmStats;
 pub use conn::{ACCEPT_PRIVATE_MAX, CMA_HDR_LEN, CONNECT_PRIVATE_MAX, REJECT_PRIVATE_MAX};

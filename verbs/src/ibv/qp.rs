@@ -283,6 +283,34 @@ impl IbvDevice {
         Ok(())
     }
 
+    /// Modifies QP `qpn` with attributes computed by librdmacm (`rdma_init_qp_attr`), handed
+    /// to `ibv_modify_qp` as they are: the connection manager's address vector has fields
+    /// (LID, SL, static rate) that [`AhAttr`] does not carry. The caller (the connection
+    /// manager's libibverbs side) owns the transition; the common check of
+    /// `QueuePair::modify` is not made.
+    pub(crate) fn modify_qp_raw(
+        &self,
+        qpn: Qpn,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: std::os::raw::c_int,
+    ) -> Result<(), VerbsError> {
+        let e = self.qp(qpn).ok_or(VerbsError::NoSuchObject("queue pair"))?;
+        // SAFETY: live QP (in the table, and its QueuePair is held by the caller); `attr` is
+        // a live, fully initialised attribute struct the call reads.
+        let rc = unsafe { ffi::ibv_modify_qp(e.qp.0, attr, mask) };
+        if rc != 0 {
+            let rc = if rc < 0 {
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EINVAL)
+            } else {
+                rc
+            };
+            return Err(io_err("ibv_modify_qp", rc));
+        }
+        Ok(())
+    }
+
     pub(super) fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
         let e = self.qp(qpn)?;
         // SAFETY: both are plain C structs (integers, pointers, unions of byte arrays) for
