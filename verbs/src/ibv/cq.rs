@@ -132,7 +132,9 @@ const _: () = assert!(size_of::<RawWc>() == 48);
 
 impl RawWc {
     fn to_wc(self) -> WorkCompletion {
-        let flags = WcFlags(self.wc_flags & 0xF);
+        // GRH, WITH_IMM, IP_CSUM_OK, WITH_INV and the tag-matching flags (TM_SYNC_REQ,
+        // TM_MATCH, TM_DATA_VALID).
+        let flags = WcFlags(self.wc_flags & 0x7F);
         WorkCompletion {
             wr_id: self.wr_id,
             status: WcStatus::from_code(self.status),
