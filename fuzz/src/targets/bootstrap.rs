@@ -1,8 +1,9 @@
 //! `bootstrap`: the frames of the bootstrap exchange (`rdmx_core::bootstrap`:
 //! `decode_header`, `decode` with its bincode payload and cautious sequence visitors), then
 //! what a receiver does with a decoded endpoint's information (`validate`,
-//! `check_app_data`). The input is a byte stream: frames are decoded from it one after the
-//! other, as `recv_frame` would read them.
+//! `check_app_data`). The authentication frames and `Ready` go through the same codec. The
+//! input is a byte stream: frames are decoded from it one after the other, as `recv_frame`
+//! would read them.
 
 use rdmx_core::bootstrap::{
     self, EndpointInfo, Frame, HEADER_LEN, MAX_APP_DATA, MAX_FRAME, PathInfo, Transport,
@@ -123,6 +124,13 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         Frame::Hello(ud),
         Frame::Reject("busy".to_owned()),
         Frame::XrcTarget(0x42),
+        Frame::Ready,
+        Frame::AuthHello([7; 32]),
+        Frame::AuthChallenge {
+            nonce: [8; 32],
+            mac: [9; 32],
+        },
+        Frame::AuthProof([10; 32]),
     ];
     let mut out: Vec<Vec<u8>> = frames.iter().map(bootstrap::encode).collect();
     // An exchange as one stream: hello, then the XRC target number.

@@ -2,6 +2,7 @@
 //! what it decodes, where that runs without a live connection).
 
 mod bootstrap;
+mod cm;
 mod header;
 mod mcast;
 mod nic;
@@ -46,6 +47,7 @@ pub(crate) const TARGETS: &[Target] = &[
     nic::BARE,
     nic::QPS,
     nic::ICRC,
+    cm::TARGET,
     bootstrap::TARGET,
     header::TARGET,
     rc_words::TARGET,
