@@ -620,7 +620,7 @@ impl<L: Link, Resp> Drop for PendingCall<L, Resp> {
 }
 
 /// A response frame's outcome.
-fn decode_response<T: DeserializeOwned>(f: &[u8], limit: usize) -> Result<T, Status> {
+pub(crate) fn decode_response<T: DeserializeOwned>(f: &[u8], limit: usize) -> Result<T, Status> {
     let (h, body) =
         Header::parse(f).map_err(|e| Status::internal(format!("a bad response frame: {e}")))?;
     match h.status {

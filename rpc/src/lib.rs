@@ -31,6 +31,8 @@
 
 pub mod client;
 mod codec;
+#[doc(hidden)]
+pub mod fuzz_api;
 pub mod link;
 pub mod method;
 pub mod payload;

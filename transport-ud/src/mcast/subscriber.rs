@@ -14,6 +14,9 @@ use crate::wire::MSG_LEN_PREFIX;
 /// Gaps asked for in one NAK round at most.
 const MAX_NAK_GAPS: usize = 16;
 
+/// The most bytes reserved for a message before its segments come.
+const MAX_RESERVE: usize = 1 << 16;
+
 /// The message being put together.
 #[derive(Debug)]
 struct Partial {
@@ -297,9 +300,12 @@ impl Stream {
                         cfg.max_message
                     ));
                 }
+                // Grown as segments come (as a session does): a peer announcing a large
+                // message reserves little until it sends it. Reserving the announced length
+                // let one 36-byte datagram per forged publisher reserve `max_message` bytes.
                 self.partial = Some(Partial {
                     len,
-                    bytes: Vec::with_capacity(len.min(1 << 20)),
+                    bytes: Vec::with_capacity(len.min(MAX_RESERVE)),
                     start: seq,
                 });
                 data = rest;
@@ -430,5 +436,41 @@ fn random_below(state: &mut u64, max: Duration) -> Duration {
         Duration::ZERO
     } else {
         Duration::from_nanos(x % ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announced_length_reserves_little_before_the_bytes_come() {
+        // Found by fuzzing (rdmx-fuzz mcast_member): a first segment announcing a message
+        // of `max_message` bytes reserved all of it at once.
+        let cfg = McastConfig {
+            max_message: 1 << 20,
+            ..McastConfig::default()
+        };
+        let now = Instant::now();
+        let mut s = Stream::new(1, Seq(0), now);
+        let mut payload = (1u32 << 20).to_be_bytes().to_vec();
+        payload.extend_from_slice(b"first bytes");
+        let h = Header {
+            kind: Kind::Data,
+            flags: flags::FIRST,
+            group: 0,
+            source: 2,
+            stream: 2,
+            seq: Seq(0),
+            aux: 0,
+            epoch: 1,
+            len: payload.len() as u16,
+        };
+        let mut rng = 1;
+        s.on_datagram(&cfg, &h, &payload, now, &mut rng).unwrap();
+        let p = s.partial.as_ref().expect("a message under way");
+        assert_eq!(p.len, 1 << 20);
+        assert_eq!(p.bytes, b"first bytes");
+        assert!(p.bytes.capacity() <= MAX_RESERVE, "{}", p.bytes.capacity());
     }
 }

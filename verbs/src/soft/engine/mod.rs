@@ -21,6 +21,8 @@
 
 mod apm;
 mod foreign;
+#[doc(hidden)]
+pub mod fuzz_api;
 mod idmap;
 mod lists;
 mod mw;
