@@ -83,7 +83,7 @@ fn many_operations_in_flight_from_one_thread() {
 #[test]
 fn a_silent_peer_times_out_then_fails_with_the_endpoints_cause() {
     // The server's device drops everything it receives: the client's operations get no
-    // answer; the endpoint is declared unreachable after the peer timeout.
+    // answer.
     let faults = rdmx_verbs::FaultConfig::parse("seed=1,drop=100%").unwrap();
     let (c, cep, s, _sep) = pair_with(
         Context::builder()
@@ -98,19 +98,18 @@ fn a_silent_peer_times_out_then_fails_with_the_endpoints_cause() {
         .unwrap_err();
     assert!(matches!(e, Error::Timeout(_)), "{e:?}");
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-    // One started now fails when the endpoint does, with the endpoint's own cause (not a
-    // completion status).
-    let pending = cep.start_fetch_add(&rem, 0, 1).unwrap();
-    let e = pending.wait().unwrap_err();
+    // A deadline that flushes: the timed-out read may not happen later, so the endpoint
+    // failed (its queue pair was flushed), and what follows fails with that cause.
     let cause = cep.disconnect_cause().expect("the endpoint is down");
     assert!(
-        matches!(cause, DisconnectCause::PeerUnreachable(_)),
+        matches!(&cause, DisconnectCause::TransportError(why) if why.contains("flushed")),
         "{cause:?}"
     );
+    let e = cep.start_fetch_add(&rem, 0, 1).map(|_| ()).unwrap_err();
     assert!(matches!(&e, Error::Disconnected(c) if *c == cause), "{e:?}");
     let e = cep.read(&rem, 0, 8).unwrap_err();
     assert!(matches!(&e, Error::Disconnected(c) if *c == cause), "{e:?}");
-    // The abandoned read's buffer goes back once its work is flushed.
+    // The timed-out read's buffer goes back once its work is flushed.
     let end = Instant::now() + T;
     while c.pool_stats().in_use_bytes > in_use {
         assert!(Instant::now() < end, "{:?}", c.pool_stats());
@@ -141,4 +140,32 @@ async fn async_one_sided_operations() {
             .unwrap(),
         4
     );
+}
+
+#[test]
+fn a_silent_peer_fails_waiting_operations_with_the_endpoints_cause() {
+    // Without a deadline, an operation to a peer that never answers waits for the peer
+    // timeout, then fails with the endpoint's own cause (not a completion status).
+    let faults = rdmx_verbs::FaultConfig::parse("seed=1,drop=100%").unwrap();
+    let (c, cep, s, _sep) = pair_with(
+        Context::builder()
+            .peer_timeout(Duration::from_millis(600))
+            .device_options(rdmx_verbs::DeviceOptions::default().with_faults(faults)),
+    );
+    let (_r, rem) = region(&s, 4096);
+    let in_use = c.pool_stats().in_use_bytes;
+    let pending = cep.start_fetch_add(&rem, 0, 1).unwrap();
+    let e = pending.wait().unwrap_err();
+    let cause = cep.disconnect_cause().expect("the endpoint is down");
+    assert!(
+        matches!(cause, DisconnectCause::PeerUnreachable(_)),
+        "{cause:?}"
+    );
+    assert!(matches!(&e, Error::Disconnected(c) if *c == cause), "{e:?}");
+    let end = Instant::now() + T;
+    while c.pool_stats().in_use_bytes > in_use {
+        assert!(Instant::now() < end, "{:?}", c.pool_stats());
+        c.progress();
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
