@@ -129,6 +129,8 @@ impl RcTransport {
                 // XRC: a window cannot be bound to a target queue pair (it has no send
                 // queue), and type 1 windows answer any queue pair of the domain.
                 confine,
+                confine_xrc: dev.memory_windows
+                    && node.as_ref().is_some_and(|n| !n.inner.xrcd.is_remote()),
                 gid_index,
                 cfg,
             });

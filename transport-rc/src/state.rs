@@ -249,6 +249,11 @@ pub(crate) struct Shared {
     /// the endpoint's queue pair, for that transfer only (RC on a device with windows; see
     /// `send_rndv`). Otherwise the peer gets the registration's own key.
     pub(crate) confine: bool,
+    /// XRC on a device with windows, its domain hosted here: each rendezvous buffer is
+    /// opened through a type 1 window over exactly that buffer, closed when the transfer
+    /// ends (type 1: reachable from any queue pair of the domain with the key, but only
+    /// that range and only until then).
+    pub(crate) confine_xrc: bool,
     /// The GID index of ports 1 and 2 (`Config::gid_index`, else the port's RoCE v2
     /// IPv4-mapped entry): the GID advertised for the port and the source of its paths.
     pub(crate) gid_index: [u32; 2],

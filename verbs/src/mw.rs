@@ -292,4 +292,46 @@ impl QueuePair {
         mw.rkey.store(key, Ordering::Release);
         Ok(Rkey(key))
     }
+
+    /// [`bind_mw`](Self::bind_mw) over exactly the memory an SGE names (for code that
+    /// holds buffers as SGEs, such as a pool): a type 1 window opened to `access` on
+    /// `sge`'s range of its region. The device checks the range, the region's `MW_BIND`
+    /// and its protection domain (a bind that breaks a rule completes with `MwBindErr`).
+    ///
+    /// # Errors
+    /// `InvalidWorkRequest` for a type 2 window, an empty SGE or non-remote access; else as
+    /// [`post_send`](Self::post_send).
+    pub fn bind_mw_sge(
+        &self,
+        mw: &MemoryWindow,
+        wr_id: u64,
+        send_flags: SendFlags,
+        sge: &crate::wr::Sge,
+        access: AccessFlags,
+    ) -> Result<Rkey, PostError> {
+        if mw.mw_type != MwType::Type1 {
+            return Err(PostError::InvalidWorkRequest(
+                "ibv_bind_mw binds type 1 windows; bind a type 2 window with a BindMw request",
+            ));
+        }
+        let remote =
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if !remote.contains(access) || sge.length() == 0 {
+            return Err(PostError::InvalidWorkRequest(
+                "a window opens a non-empty range for remote access only",
+            ));
+        }
+        let wr = MwBindWr {
+            mw: mw.handle,
+            rkey: mw.rkey(),
+            lkey: sge.lkey(),
+            addr: sge.addr(),
+            length: u64::from(sge.length()),
+            access,
+            type1: true,
+        };
+        let key = self.bind_mw_raw(wr_id, send_flags, &wr)?;
+        mw.rkey.store(key, Ordering::Release);
+        Ok(Rkey(key))
+    }
 }

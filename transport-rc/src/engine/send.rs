@@ -306,7 +306,7 @@ impl Shared {
         let len = payload.len();
         let window = self.cfg.rndv_window as usize;
         // The window's bind takes a send slot of its own.
-        if self.confine && st.eps[k].sq_used() + 3 >= st.eps[k].sq_depth {
+        if (self.confine || self.confine_xrc) && st.eps[k].sq_used() + 3 >= st.eps[k].sq_depth {
             return Ok(Some(payload));
         }
         if st.eps[k].rndv_out.len() >= window {
@@ -366,6 +366,17 @@ impl Shared {
                 Hold::None,
                 false,
             )?;
+            (key.0, Some(mw))
+        } else if self.confine_xrc {
+            // XRC: the peer reads through our target queue pair, which has no send queue
+            // to bind a type 2 window with; a type 1 window bound through the initiator.
+            let sge = match &src {
+                RndvSrc::Buf(b) => b.sge(self.post_key),
+                RndvSrc::Shared(r) => r.sge(),
+                RndvSrc::SharedBuf(b) => b.buf().sge(self.post_key),
+            };
+            let mw = self.pd.alloc_mw(MwType::Type1)?;
+            let key = post_bind1(ep, &mw, &sge)?;
             (key.0, Some(mw))
         } else {
             (src_rkey, None)
@@ -588,6 +599,33 @@ pub(crate) enum PostData<'a> {
     Inline(&'a [u8]),
     /// The buffer in the `Hold` (its first `len()` bytes), named with the transport's key.
     Buf(PostKey),
+}
+
+/// Posts a type 1 bind of `mw` over `sge` (remote read) on `ep`'s queue pair, numbered and
+/// signaled like [`post_on`]'s requests; returns the window's new key.
+fn post_bind1(
+    ep: &mut Ep,
+    mw: &rdmx_verbs::MemoryWindow,
+    sge: &rdmx_verbs::Sge,
+) -> Result<rdmx_verbs::Rkey> {
+    let seq = ep.next_seq;
+    let signal = ep.unsignaled + 1 >= SIGNAL_EVERY || ep.sq_used() + 1 >= ep.sq_depth / 2;
+    let flags = if signal {
+        SendFlags::SIGNALED
+    } else {
+        SendFlags::EMPTY
+    };
+    let wr_id = wrid::make(wrid::SEND, ep.key, seq);
+    let key = ep
+        .qp
+        .bind_mw_sge(mw, wr_id, flags, sge, AccessFlags::REMOTE_READ)?;
+    ep.next_seq = seq.wrapping_add(1);
+    ep.unsignaled = if signal { 0 } else { ep.unsignaled + 1 };
+    ep.inflight.push_back((seq, Hold::None));
+    if signal {
+        ep.signaled_out += 1;
+    }
+    Ok(key)
 }
 
 /// Posts one send work request on `ep`, numbering it and keeping what it holds until it
