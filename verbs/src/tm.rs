@@ -36,8 +36,9 @@
 //! Tag matching runs on RC QPs. On the soft provider it is the NIC's own software doing the
 //! matching. On libibverbs the SRQ and its list operations go to the device
 //! (`ibv_create_srq_ex` with `IBV_SRQT_TM`, `ibv_post_srq_ops`; `max_num_tags` from
-//! `ibv_query_device_ex`), but a completion's tag and context need an extended CQ, which
-//! rdmx does not create: `WorkCompletion::tm` reads zero there.
+//! `ibv_query_device_ex`), and on such a device every CQ is an extended one
+//! (`ibv_create_cq_ex` with `IBV_WC_EX_WITH_TM_INFO`, polled with `ibv_start_poll`), so
+//! that `WorkCompletion::tm` carries the tag and context (`ibv_wc_read_tm_info`).
 
 use crate::types::Rkey;
 use crate::wr::Sge;

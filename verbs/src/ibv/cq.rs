@@ -24,6 +24,12 @@ impl IbvDevice {
             .channels
             .lock()
             .insert(h, Arc::downgrade(channel));
+        if let Some(cq) = self.create_cq_tm(n, h) {
+            let mut t = self.t.lock();
+            t.cqs.insert(h, Ptr(cq));
+            t.cq_ex.insert(h);
+            return Ok(h);
+        }
         // SAFETY: `ctx` and `chan` are live until `Drop`, which destroys CQs first. The CQ
         // context is the handle as an integer, never dereferenced.
         let cq = unsafe {
@@ -44,7 +50,77 @@ impl IbvDevice {
         Ok(h)
     }
 
+    /// On a device with tag matching: an extended CQ whose completions carry the tag and
+    /// application context (`IBV_WC_EX_WITH_TM_INFO`), as the base `ibv_cq` it starts with.
+    /// `None` elsewhere, or when the device refuses it (the caller makes a plain one).
+    fn create_cq_tm(&self, cqe: std::os::raw::c_int, h: u32) -> Option<*mut ffi::ibv_cq> {
+        if self.max_num_tags() == 0 {
+            return None;
+        }
+        let ctx = self.ctx;
+        let create = super::xrc::op!(ctx, create_cq_ex, super::xrc::CreateCqEx)?;
+        // SAFETY: a plain C struct of integers and pointers; all-zero bytes are valid.
+        let mut attr: ffi::ibv_cq_init_attr_ex = unsafe { std::mem::zeroed() };
+        attr.cqe = u32::try_from(cqe).ok()?;
+        attr.cq_context = h as usize as *mut std::os::raw::c_void;
+        attr.channel = self.chan;
+        attr.wc_flags = u64::from(
+            ffi::IBV_WC_EX_WITH_BYTE_LEN
+                | ffi::IBV_WC_EX_WITH_IMM
+                | ffi::IBV_WC_EX_WITH_QP_NUM
+                | ffi::IBV_WC_EX_WITH_SRC_QP
+                | ffi::IBV_WC_EX_WITH_SLID
+                | ffi::IBV_WC_EX_WITH_TM_INFO,
+        );
+        // SAFETY: `ctx` and `chan` are live; `attr` is live and initialised; the op was
+        // checked present.
+        let cq = unsafe { create(ctx, &raw mut attr) };
+        if cq.is_null() {
+            tracing::debug!(device = %self.name, "ibv_create_cq_ex with TM info refused");
+            return None;
+        }
+        // `ibv_cq_ex_to_cq`: an extended CQ begins with the fields of `struct ibv_cq`.
+        Some(cq.cast::<ffi::ibv_cq>())
+    }
+
+    /// Polls an extended CQ (`ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll`).
+    fn poll_cq_ex(&self, p: Ptr<ffi::ibv_cq>, wc: &mut [WorkCompletion]) -> usize {
+        if wc.is_empty() {
+            return 0;
+        }
+        let cq = p.0.cast::<ffi::ibv_cq_ex>();
+        // SAFETY: a live CQ created by `create_cq_tm` (so an `ibv_cq_ex`); its function
+        // pointers are set at creation and never change.
+        let x = unsafe { &*cq };
+        let (Some(start), Some(next), Some(end)) = (x.start_poll, x.next_poll, x.end_poll) else {
+            return 0;
+        };
+        let mut attr = ffi::ibv_poll_cq_attr { comp_mask: 0 };
+        // SAFETY: live CQ; `attr` is a live attribute struct.
+        if unsafe { start(cq, &raw mut attr) } != 0 {
+            // ENOENT: empty (any other error: nothing to read either).
+            return 0;
+        }
+        let mut n = 0;
+        loop {
+            if let Some(slot) = wc.get_mut(n) {
+                // SAFETY: a polling session is open on this live CQ and positioned on an
+                // entry (after a successful start or next).
+                *slot = unsafe { read_ex(cq) };
+                n += 1;
+            }
+            // SAFETY: as above; a further entry only when the caller has room for it.
+            if n >= wc.len() || unsafe { next(cq) } != 0 {
+                break;
+            }
+        }
+        // SAFETY: closes the polling session opened above.
+        unsafe { end(cq) };
+        n
+    }
+
     pub(super) fn destroy_cq(&self, cq: u32) {
+        self.t.lock().cq_ex.remove(&cq);
         let p = self.t.lock().cqs.remove(&cq);
         if let Some(p) = p {
             // SAFETY: live CQ removed from the table; its QPs/SRQs hold the public CQ, so none
@@ -61,6 +137,9 @@ impl IbvDevice {
         let Some(p) = self.cq(cq) else {
             return 0;
         };
+        if self.t.lock().cq_ex.contains(&cq) {
+            return self.poll_cq_ex(p, wc);
+        }
         // SAFETY: `p` is a live CQ (see `Ptr`); its context's ops table is filled by the
         // provider at open and never changes.
         let Some(poll) = (unsafe { (*(*p.0).context).ops.poll_cq }) else {
@@ -101,6 +180,83 @@ impl IbvDevice {
         let rc = unsafe { notify(p.0, std::os::raw::c_int::from(solicited_only)) };
         if rc != 0 {
             tracing::warn!(device = %self.name, cq, rc, "ibv_req_notify_cq failed");
+        }
+    }
+}
+
+// `ibv_cq_ex_to_cq` is a cast: an extended CQ begins with the fields of `struct ibv_cq`.
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(ffi::ibv_cq_ex, context) == offset_of!(ffi::ibv_cq, context));
+    assert!(offset_of!(ffi::ibv_cq_ex, channel) == offset_of!(ffi::ibv_cq, channel));
+    assert!(offset_of!(ffi::ibv_cq_ex, cq_context) == offset_of!(ffi::ibv_cq, cq_context));
+    assert!(offset_of!(ffi::ibv_cq_ex, handle) == offset_of!(ffi::ibv_cq, handle));
+    assert!(offset_of!(ffi::ibv_cq_ex, cqe) == offset_of!(ffi::ibv_cq, cqe));
+    assert!(offset_of!(ffi::ibv_cq_ex, mutex) == offset_of!(ffi::ibv_cq, mutex));
+    assert!(offset_of!(ffi::ibv_cq_ex, cond) == offset_of!(ffi::ibv_cq, cond));
+    assert!(
+        offset_of!(ffi::ibv_cq_ex, comp_events_completed)
+            == offset_of!(ffi::ibv_cq, comp_events_completed)
+    );
+    assert!(
+        offset_of!(ffi::ibv_cq_ex, async_events_completed)
+            == offset_of!(ffi::ibv_cq, async_events_completed)
+    );
+};
+
+/// The completion an extended CQ is positioned on.
+///
+/// # Safety
+/// `cq` is a live extended CQ created with the flags of `create_cq_tm`, inside a polling
+/// session positioned on an entry.
+unsafe fn read_ex(cq: *mut ffi::ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: as the function's contract states; every reader was asked for at creation
+    // (a missing one reads as zero).
+    unsafe {
+        let x = &*cq;
+        let rd =
+            |f: Option<unsafe extern "C" fn(*mut ffi::ibv_cq_ex) -> u32>| f.map_or(0, |f| f(cq));
+        if x.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+            // Only these are defined for an error completion (as for `ibv_wc`).
+            return WorkCompletion {
+                wr_id: x.wr_id,
+                status: WcStatus::from_code(x.status),
+                qp_num: Qpn(rd(x.read_qp_num)),
+                vendor_err: rd(x.read_vendor_err),
+                ..WorkCompletion::EMPTY
+            };
+        }
+        let opcode = x.read_opcode.map_or(u32::MAX, |f| f(cq));
+        let flags = WcFlags(x.read_wc_flags.map_or(0, |f| f(cq)) & 0x7F);
+        let imm = x.read_imm_data.map_or(0, |f| f(cq));
+        let mut tm = crate::types::TmInfo::default();
+        if opcode == ffi::ibv_wc_opcode::IBV_WC_TM_RECV
+            && let Some(f) = x.read_tm_info
+        {
+            let mut info = ffi::ibv_wc_tm_info { tag: 0, priv_: 0 };
+            f(cq, &raw mut info);
+            tm = crate::types::TmInfo {
+                tag: info.tag,
+                app_ctx: info.priv_,
+            };
+        }
+        WorkCompletion {
+            wr_id: x.wr_id,
+            status: WcStatus::from_code(x.status),
+            opcode: WcOpcode::from_code(opcode),
+            byte_len: rd(x.read_byte_len),
+            // As `RawWc::to_wc`: the immediate in rdmx's convention, an invalidated key as is.
+            imm_data: if flags.contains(WcFlags::WITH_IMM) {
+                u32::from_be(imm)
+            } else {
+                imm
+            },
+            qp_num: Qpn(rd(x.read_qp_num)),
+            src_qp: Qpn(rd(x.read_src_qp)),
+            wc_flags: flags,
+            vendor_err: rd(x.read_vendor_err),
+            slid: u16::try_from(rd(x.read_slid)).unwrap_or(0),
+            tm,
         }
     }
 }

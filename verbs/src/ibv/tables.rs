@@ -52,6 +52,9 @@ pub(super) struct Tables {
     /// lkey -> MR.
     pub(super) mrs: HashMap<u32, Ptr<ffi::ibv_mr>>,
     pub(super) cqs: HashMap<u32, Ptr<ffi::ibv_cq>>,
+    /// CQs created with `ibv_create_cq_ex` (tag-matching devices: their completions carry
+    /// the tag), polled through `ibv_start_poll` (see `cq.rs`).
+    pub(super) cq_ex: std::collections::HashSet<u32>,
     /// QPN -> QP.
     pub(super) qps: HashMap<u32, QpEntry>,
     /// Basic SRQs: `BASIC_SRQ_BASE | n`; XRC SRQs: their real SRQ number.

@@ -32,6 +32,10 @@ pub(super) type PostSrqOps = unsafe extern "C" fn(
     *mut ffi::ibv_ops_wr,
     *mut *mut ffi::ibv_ops_wr,
 ) -> c_int;
+pub(super) type CreateCqEx = unsafe extern "C" fn(
+    *mut ffi::ibv_context,
+    *mut ffi::ibv_cq_init_attr_ex,
+) -> *mut ffi::ibv_cq_ex;
 pub(super) type QueryDeviceEx = unsafe extern "C" fn(
     *mut ffi::ibv_context,
     *const c_void,
@@ -52,7 +56,7 @@ pub(super) struct VerbsCtxTail {
     modify_wq: usize,
     create_wq: usize,
     query_rt_values: usize,
-    create_cq_ex: usize,
+    pub(super) create_cq_ex: Option<CreateCqEx>,
     priv_: usize,
     pub(super) query_device_ex: Option<QueryDeviceEx>,
     ibv_destroy_flow: usize,
