@@ -343,3 +343,49 @@ fn xrc_across_two_processes() {
         tcp.read_exact(&mut ok).unwrap();
     });
 }
+
+/// Batch posting on an XRC initiator: each request names its SRQ (`set_xrc_srqn`), and a
+/// batch that leaves one out posts nothing.
+#[test]
+fn xrc_batches_name_their_srq() {
+    if !common::open_test_device().query_device().xrc {
+        return common::skip(
+            "xrc_batches_name_their_srq",
+            "the device does not support XRC",
+        );
+    }
+    let t = target();
+    let info = parse_info(&target_info(&t));
+    let ctx = common::open_test_device();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
+    let me = ah(ctx.query_gid(1, 0).unwrap().0, common::udp_port(&ctx, 1));
+    connect_tgt(&t.tgt, ini.qp_num().0, me, 7000, 100);
+    connect_ini(&ini, info.qpn, ah(info.gid, info.port), 100, 7000);
+    let mut x = ini.wr_start();
+    x.send().set_inline_data(b"no srq");
+    match x.complete() {
+        Err(rdmx_verbs::WrError::Invalid { reason, .. }) => {
+            assert!(reason.contains("set_xrc_srqn"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut x = ini.wr_start();
+    x.wr_flags = rdmx_verbs::SendFlags::SIGNALED;
+    for (k, &srqn) in info.srqns.iter().enumerate() {
+        x.wr_id = k as u64;
+        x.send()
+            .set_inline_data(&[k as u8, 0xB7])
+            .set_xrc_srqn(srqn);
+    }
+    x.complete().unwrap();
+    let wcs = wait(&cq, 4);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    for (k, cq) in t.cqs.iter().enumerate() {
+        let wc = wait(cq, 1)[0];
+        assert_eq!((wc.status, wc.wr_id / 100), (WcStatus::Success, k as u64));
+        let off = (wc.wr_id % 100 + k as u64 * 16) as usize * 4096;
+        assert_eq!(t.mr.to_vec(off, 2).unwrap(), vec![k as u8, 0xB7]);
+    }
+}
