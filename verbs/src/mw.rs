@@ -112,6 +112,11 @@ impl ProtectionDomain {
     }
 }
 
+/// The access a window may grant.
+const WINDOW_ACCESS: AccessFlags = AccessFlags(
+    AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0,
+);
+
 /// Checks what the application can get wrong before anything is posted.
 fn check_bind(
     pd: u32,
@@ -120,8 +125,7 @@ fn check_bind(
     length: usize,
     access: AccessFlags,
 ) -> Result<(), &'static str> {
-    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    if !remote.contains(access) {
+    if !WINDOW_ACCESS.contains(access) {
         return Err("a window grants remote read, write or atomic access only");
     }
     if mr.pd_id() != pd {
@@ -223,12 +227,20 @@ impl MemoryWindow {
                 rkey.0
             )));
         }
-        let remote =
-            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if !remote.contains(access) || sge.length() == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "a window opens a non-empty range for remote access only".into(),
-            ));
+        self.sge_wr(rkey, sge, access, false)
+            .map_err(|e| VerbsError::InvalidArgument(e.into()))
+    }
+
+    /// A bind of this window under `rkey` over exactly `sge`'s memory.
+    fn sge_wr(
+        &self,
+        rkey: Rkey,
+        sge: &crate::wr::Sge,
+        access: AccessFlags,
+        type1: bool,
+    ) -> Result<MwBindWr, &'static str> {
+        if !WINDOW_ACCESS.contains(access) || sge.length() == 0 {
+            return Err("a window opens a non-empty range for remote access only");
         }
         Ok(MwBindWr {
             mw: self.handle,
@@ -237,7 +249,7 @@ impl MemoryWindow {
             addr: sge.addr(),
             length: u64::from(sge.length()),
             access,
-            type1: false,
+            type1,
         })
     }
 }
@@ -314,22 +326,9 @@ impl QueuePair {
                 "ibv_bind_mw binds type 1 windows; bind a type 2 window with a BindMw request",
             ));
         }
-        let remote =
-            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if !remote.contains(access) || sge.length() == 0 {
-            return Err(PostError::InvalidWorkRequest(
-                "a window opens a non-empty range for remote access only",
-            ));
-        }
-        let wr = MwBindWr {
-            mw: mw.handle,
-            rkey: mw.rkey(),
-            lkey: sge.lkey(),
-            addr: sge.addr(),
-            length: u64::from(sge.length()),
-            access,
-            type1: true,
-        };
+        let wr = mw
+            .sge_wr(mw.rkey(), sge, access, true)
+            .map_err(PostError::InvalidWorkRequest)?;
         let key = self.bind_mw_raw(wr_id, send_flags, &wr)?;
         mw.rkey.store(key, Ordering::Release);
         Ok(Rkey(key))

@@ -339,23 +339,21 @@ impl Shared {
                 Err(e) => return Err(e),
             },
         };
-        let (src_addr, src_rkey) = match &src {
-            RndvSrc::Buf(b) => (b.addr(), b.rkey(self.post_key).0),
-            RndvSrc::Shared(r) => (r.addr(), r.rkey().0),
-            RndvSrc::SharedBuf(b) => (b.buf().addr(), b.buf().rkey(self.post_key).0),
+        // What the peer reads: exactly this buffer's bytes.
+        let sge = match &src {
+            RndvSrc::Buf(b) => b.sge(self.post_key),
+            RndvSrc::Shared(r) => r.sge(),
+            RndvSrc::SharedBuf(b) => b.buf().sge(self.post_key),
         };
+        let src_addr = sge.addr();
         let zero_copy = matches!(src, RndvSrc::Shared(_));
         let ep = &mut st.eps[k];
-        // Confinement: the peer gets a key to exactly this buffer, usable from its own
-        // queue pair only, until it reports the read done (the window is deallocated
-        // then, before the buffer is released). The registration's key, which opens the
-        // whole chunk (other buffers, other peers' data), never leaves the process.
+        // Confinement: the peer gets a key to exactly this buffer, until it reports the
+        // read done (the window is deallocated then, before the buffer is released). The
+        // registration's key, which opens the whole chunk (other buffers, other peers'
+        // data), never leaves the process.
         let (src_rkey, mw) = if self.confine {
-            let sge = match &src {
-                RndvSrc::Buf(b) => b.sge(self.post_key),
-                RndvSrc::Shared(r) => r.sge(),
-                RndvSrc::SharedBuf(b) => b.buf().sge(self.post_key),
-            };
+            // RC: a type 2 window, usable from the endpoint's queue pair only.
             let mw = self.pd.alloc_mw(MwType::Type2)?;
             let key = mw.rkey().inc();
             let bind = mw.bind_wr_sge(key, &sge, AccessFlags::REMOTE_READ)?;
@@ -370,16 +368,16 @@ impl Shared {
         } else if self.confine_xrc {
             // XRC: the peer reads through our target queue pair, which has no send queue
             // to bind a type 2 window with; a type 1 window bound through the initiator.
-            let sge = match &src {
-                RndvSrc::Buf(b) => b.sge(self.post_key),
-                RndvSrc::Shared(r) => r.sge(),
-                RndvSrc::SharedBuf(b) => b.buf().sge(self.post_key),
-            };
             let mw = self.pd.alloc_mw(MwType::Type1)?;
             let key = post_bind1(ep, &mw, &sge)?;
             (key.0, Some(mw))
         } else {
-            (src_rkey, None)
+            let rkey = match &src {
+                RndvSrc::Buf(b) => b.rkey(self.post_key),
+                RndvSrc::Shared(r) => r.rkey(),
+                RndvSrc::SharedBuf(b) => b.buf().rkey(self.post_key),
+            };
+            (rkey.0, None)
         };
         let mut hdr = Self::next_header(ep, Kind::Rts, len);
         if ep.rndv_out.len() + 1 >= window {

@@ -120,8 +120,11 @@ impl IbvDevice {
     }
 
     pub(super) fn destroy_cq(&self, cq: u32) {
-        self.t.lock().cq_ex.remove(&cq);
-        let p = self.t.lock().cqs.remove(&cq);
+        let p = {
+            let mut t = self.t.lock();
+            t.cq_ex.remove(&cq);
+            t.cqs.remove(&cq)
+        };
         if let Some(p) = p {
             // SAFETY: live CQ removed from the table; its QPs/SRQs hold the public CQ, so none
             // is left. Events are acknowledged by the event thread as they arrive.
@@ -134,10 +137,15 @@ impl IbvDevice {
     }
 
     pub(super) fn poll_cq(&self, cq: u32, wc: &mut [WorkCompletion]) -> usize {
-        let Some(p) = self.cq(cq) else {
-            return 0;
+        // (One look at the tables per poll: this is the hot path.)
+        let (p, ex) = {
+            let t = self.t.lock();
+            let Some(&p) = t.cqs.get(&cq) else {
+                return 0;
+            };
+            (p, !t.cq_ex.is_empty() && t.cq_ex.contains(&cq))
         };
-        if self.t.lock().cq_ex.contains(&cq) {
+        if ex {
             return self.poll_cq_ex(p, wc);
         }
         // SAFETY: `p` is a live CQ (see `Ptr`); its context's ops table is filled by the

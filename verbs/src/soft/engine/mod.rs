@@ -271,9 +271,10 @@ impl Resources {
         len: u64,
         need: AccessFlags,
     ) -> Option<(Arc<RegisteredMemory>, usize)> {
-        let Some(e) = self.mrs.get(&rkey) else {
+        if rkey & mw::WINDOW_BIT != 0 {
             return self.window(qpn, pd, rkey, va, len, need);
-        };
+        }
+        let e = self.mrs.get(&rkey)?;
         if e.pd != pd || e.orphaned || !e.access.contains(need) {
             return None;
         }
@@ -409,7 +410,7 @@ impl Nic {
     /// Registers `mem` under `pd`; returns the key (lkey = rkey), unpredictable.
     pub fn reg_mr(&mut self, pd: u32, mem: Arc<RegisteredMemory>, access: AccessFlags) -> u32 {
         loop {
-            let key = self.res.rng.next_u32();
+            let key = self.res.rng.next_u32() & !mw::WINDOW_BIT;
             if self.res.mr_key_free(key) {
                 self.res.mrs.insert(key, MrEntry::new(pd, mem, access));
                 return key;

@@ -5,8 +5,9 @@
 //! Keys: a window's key is its index (the upper 24 bits, fixed at allocation) and a tag (the
 //! low 8 bits, new at every bind). A type 1 window's tag is advanced by the NIC at each bind
 //! (`ibv_bind_mw` returns the new key); a type 2 window is bound under a key the application
-//! chooses (the same index, normally the next tag). Memory-region keys are drawn so that no
-//! region key has the index of a window: a key names one object.
+//! chooses (the same index, normally the next tag). Window keys have their top bit set and
+//! memory-region keys have it clear ([`WINDOW_BIT`]), so a key names one object and neither
+//! kind of key is drawn by scanning the other's table.
 //!
 //! Rules enforced:
 //! - a bind names a region of the window's protection domain registered with `MW_BIND`, and
@@ -63,6 +64,9 @@ const WINDOW_ACCESS: AccessFlags = AccessFlags(
     AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0,
 );
 
+/// Set in every window key, clear in every memory-region key.
+pub(crate) const WINDOW_BIT: u32 = 1 << 31;
+
 fn next_tag(key: u32) -> u32 {
     (key & !0xFF) | (key.wrapping_add(1) & 0xFF)
 }
@@ -70,7 +74,7 @@ fn next_tag(key: u32) -> u32 {
 impl Resources {
     /// True when `key` may become a memory-region key: no window has its index.
     pub(crate) fn mr_key_free(&self, key: u32) -> bool {
-        key != 0 && !self.mrs.contains_key(&key) && !self.mws.contains_key(&(key >> 8))
+        key != 0 && key & WINDOW_BIT == 0 && !self.mrs.contains_key(&key)
     }
 
     /// Remote access through window key `rkey` by QP `qpn` of protection domain `pd`.
@@ -218,22 +222,16 @@ impl Nic {
             return Err(VerbsError::ResourceExhausted("memory windows"));
         }
         loop {
-            let key = self.res.rng.next_u32();
+            let key = self.res.rng.next_u32() | WINDOW_BIT;
             let idx = key >> 8;
-            let taken = idx == 0
-                || self.res.mws.contains_key(&idx)
-                || self.res.mrs.keys().any(|k| k >> 8 == idx);
-            if !taken {
-                self.res.mws.insert(
-                    idx,
-                    MwEntry {
-                        pd,
-                        mw_type,
-                        rkey: key,
-                        next_rkey: key,
-                        bound: None,
-                    },
-                );
+            if let std::collections::hash_map::Entry::Vacant(v) = self.res.mws.entry(idx) {
+                v.insert(MwEntry {
+                    pd,
+                    mw_type,
+                    rkey: key,
+                    next_rkey: key,
+                    bound: None,
+                });
                 return Ok((idx, key));
             }
         }
