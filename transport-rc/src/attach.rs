@@ -54,17 +54,19 @@ impl RcTransport {
                 Some(n) => pd.create_xrc_srq(&n.inner.xrcd, &cq, &srq_attr)?,
                 None => pd.create_srq(&srq_attr)?,
             };
-            // With confinement, no peer writes the region itself: each writes its own slot
-            // through a window bound to its endpoint's queue pair (see `setup.rs`).
+            // No peer writes the region itself: with windows, each writes its own slot
+            // through a window bound to its endpoint's queue pair; without (and on XRC), each
+            // slot is a registration of its own (`ep::Slot`, see `setup.rs`), and the region
+            // is not used.
             let confine = node.is_none() && dev.memory_windows;
-            let mailbox = pd.reg_mr(
-                MAX_ENDPOINTS * MAILBOX_LEN,
-                if confine {
-                    AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
-                } else {
-                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
-                },
-            )?;
+            let mailbox = if confine {
+                pd.reg_mr(
+                    MAX_ENDPOINTS * MAILBOX_LEN,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+                )?
+            } else {
+                pd.reg_mr(MAILBOX_LEN, AccessFlags::LOCAL_WRITE)?
+            };
             let max_inline_data = ((cfg.inline_threshold + HEADER_LEN).max(RTS_LEN) as u32)
                 .min(dev.max_inline_data.max(RTS_LEN as u32));
             let inline_max = cfg

@@ -173,8 +173,11 @@ pub(crate) struct Ep {
     /// The memory window through which the peer (and only its queue pair) writes our
     /// slot, with the key the peer was given (`None` without confinement).
     pub(crate) mailbox_mw: Option<(rdmx_verbs::MemoryWindow, rdmx_verbs::Rkey)>,
-    /// Our slot (offset into the context's mailbox region) that the peer writes.
-    pub(crate) mailbox_off: usize,
+    /// Our slot, which the peer writes.
+    pub(crate) slot: Slot,
+    /// XRC: we told the peer that this endpoint went down (`Recall::GONE`) and wait for its
+    /// answer before its key and buffers may go (see `engine/teardown.rs`).
+    pub(crate) awaiting_gone: bool,
     pub(crate) mailbox_seen: Mailbox,
     /// The peer's limits.
     pub(crate) peer_eager_limit: usize,
@@ -359,4 +362,16 @@ pub(crate) mod wrid {
     pub(crate) fn seq(id: u64) -> u32 {
         id as u32
     }
+}
+
+/// Where an endpoint's mailbox slot lives.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// At this offset in the context's mailbox region, which no peer may write: the peer
+    /// writes through a type 2 window bound to the endpoint's queue pair (`Ep::mailbox_mw`).
+    InRegion(usize),
+    /// A registration of its own, whose key only this endpoint's peer is given (XRC, whose
+    /// targets cannot be bound to, and devices without windows): a peer can write its own
+    /// slot and nothing beside it. Deregistered when the endpoint is removed.
+    Own(rdmx_verbs::MemoryRegion),
 }

@@ -17,7 +17,7 @@ use rdmx_verbs::{
 };
 
 use crate::engine::{load_alternate, timeout_exponent};
-use crate::ep::{Ep, Hold, Status};
+use crate::ep::{Ep, Hold, Slot, Status};
 use crate::state::{MAX_ENDPOINTS, RcRef, Shared};
 use crate::wire::{MAILBOX_LEN, Mailbox};
 
@@ -161,7 +161,8 @@ pub(crate) fn bring_up_endpoint(
         // may write it (the listener's Accept goes after this; the connector's
         // `Signal::Ready` follows the bind on this queue pair).
         if let Some((mw, k)) = &ep.mailbox_mw {
-            let sge = sh.mailbox.sge(ep.mailbox_off, MAILBOX_LEN);
+            let (mem, off) = sh.slot_mem(&ep.slot);
+            let sge = mem.sge(off, MAILBOX_LEN);
             let bind = mw.bind_wr_sge(*k, &sge, AccessFlags::REMOTE_WRITE)?;
             crate::engine::send::post_on(
                 ep,
@@ -222,20 +223,25 @@ pub(crate) fn register(
         recv.advertise();
         let id = st.next_id;
         st.next_id += 1;
-        let mailbox_off = key * MAILBOX_LEN;
-        let _ = sh.mailbox.write(mailbox_off, &[0; MAILBOX_LEN]);
         // Confinement: the peer gets the key of a window over its own slot only, bound to
-        // this endpoint's queue pair once it is ready to send (`bring_up_endpoint`).
-        let mailbox_mw = if sh.confine {
+        // this endpoint's queue pair once it is ready to send (`bring_up_endpoint`); without
+        // windows (and on XRC), the key of a registration of that slot alone.
+        let (slot, mailbox_mw) = if sh.confine {
+            let off = key * MAILBOX_LEN;
+            let _ = sh.mailbox.write(off, &[0; MAILBOX_LEN]);
             let mw = sh.pd.alloc_mw(MwType::Type2)?;
             let k = mw.rkey().inc();
-            Some((mw, k))
+            (Slot::InRegion(off), Some((mw, k)))
         } else {
-            None
+            let mr = sh.pd.reg_mr(
+                MAILBOX_LEN,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )?;
+            (Slot::Own(mr), None)
         };
-        let mailbox_rkey = mailbox_mw
-            .as_ref()
-            .map_or(sh.mailbox.rkey().0, |(_, k)| k.0);
+        let (mem, off) = sh.slot_mem(&slot);
+        let mailbox_addr = mem.addr() + off as u64;
+        let mailbox_rkey = mailbox_mw.as_ref().map_or(mem.rkey().0, |(_, k)| k.0);
         let qpn = qp.qp_num().0;
         let xrc = sh.node.as_ref();
         let info = EndpointInfo {
@@ -260,7 +266,7 @@ pub(crate) fn register(
                 Vec::new()
             },
             credits,
-            mailbox_addr: sh.mailbox.addr() + mailbox_off as u64,
+            mailbox_addr,
             mailbox_rkey,
             max_message: sh.cfg.max_message as u64,
             eager_limit: sh.cfg.rndv_threshold as u32,
@@ -301,7 +307,8 @@ pub(crate) fn register(
             peer_ready: false,
             mailbox_mw,
             peer_context: 0,
-            mailbox_off,
+            slot,
+            awaiting_gone: false,
             mailbox_seen: Mailbox::default(),
             peer_eager_limit: 0,
             peer_max_message: 0,

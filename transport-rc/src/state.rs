@@ -74,6 +74,12 @@ pub struct Stats {
     pub stray_completions: u64,
     /// Protocol violations by peers (their endpoint was closed).
     pub protocol_errors: u64,
+    /// XRC endpoints that went down here, told their peer (`GONE`) and were answered: their
+    /// key, slot and buffers went at the answer.
+    pub gone_answered: u64,
+    /// XRC endpoints that went down here, told their peer and had no answer within the
+    /// wait (the peer timeout, at least 250 ms): they went without it.
+    pub gone_unanswered: u64,
     /// Credits idle peers gave back on request (credit recall).
     pub credits_recalled: u64,
     /// Credits given back unasked by idle endpoints while another endpoint to the same
@@ -217,6 +223,8 @@ pub(crate) struct Shared {
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) srq: SharedReceiveQueue,
+    /// The mailbox slots of confined endpoints (`ep::Slot::InRegion`), which peers write
+    /// only through windows; a single unused slot where each endpoint registers its own.
     pub(crate) mailbox: MemoryRegion,
     pub(crate) pool: BufferPool,
     /// Registrations of application bytes sent zero-copy (`send_shared`).
@@ -260,6 +268,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The memory of endpoint slot `slot`, and its offset there.
+    pub(crate) fn slot_mem<'a>(&'a self, slot: &'a crate::ep::Slot) -> (&'a MemoryRegion, usize) {
+        match slot {
+            crate::ep::Slot::InRegion(off) => (&self.mailbox, *off),
+            crate::ep::Slot::Own(mr) => (mr, 0),
+        }
+    }
+
     /// The GID index of local port `port`.
     pub(crate) fn gid_index(&self, port: u8) -> u32 {
         self.gid_index[usize::from(port.clamp(1, 2)) - 1]

@@ -69,6 +69,12 @@ pub(crate) fn run_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Inst
 fn endpoint_timers(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, now: Instant) {
     let Some(ep) = st.eps.get_mut(k) else { return };
     if ep.timers.take_due(Timer::Linger, now) {
+        if std::mem::take(&mut ep.awaiting_gone) {
+            // No answer in time: the peer is gone or does not follow the protocol. The
+            // endpoint goes; an rdmx peer that is merely late finds its slot deregistered.
+            tracing::debug!(endpoint = ep.id, "the peer did not answer our GONE in time");
+            st.stats.gone_unanswered += 1;
+        }
         st.reap_pending = true;
     }
     let Some(ep) = st.eps.get_mut(k) else { return };

@@ -52,7 +52,6 @@
 use std::time::{Duration, Instant};
 
 use crate::wire::{RECALL_OFF, Recall, Signal};
-use rdmx_core::DisconnectCause;
 use rdmx_core::worker::Cx;
 use rdmx_verbs::{Rkey, WrOpcode};
 
@@ -114,7 +113,8 @@ pub(crate) use crate::state::WATCH_SCAN;
 fn their_word(sh: &Shared, st: &State, k: usize) -> Option<Recall> {
     let ep = st.eps.get(k)?;
     let mut b = [0u8; 8];
-    sh.mailbox.read(ep.mailbox_off + RECALL_OFF, &mut b).ok()?;
+    let (mem, off) = sh.slot_mem(&ep.slot);
+    mem.read(off + RECALL_OFF, &mut b).ok()?;
     Some(Recall::from_word(u64::from_be_bytes(b)))
 }
 
@@ -250,7 +250,7 @@ pub(crate) fn on_signal(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, k: usize, 
         return;
     };
     if theirs.is_gone() {
-        sh.fail(st, cx, k, DisconnectCause::PeerAborted);
+        sh.peer_gone(st, cx, k);
         return;
     }
     if returned {
@@ -289,11 +289,11 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
     let mut closing = Vec::new();
     let mut gone = Vec::new();
     for &k in &keys {
-        if !st
-            .eps
-            .get(k)
-            .is_some_and(|ep| matches!(ep.status, Status::Open))
-        {
+        let Some(ep) = st.eps.get(k) else { continue };
+        let open = ep.status == Status::Open;
+        // A closing endpoint, and one waiting for its peer's answer to our `GONE`, look
+        // only for the peer's `GONE`.
+        if !open && ep.status != Status::Closing && !ep.awaiting_gone {
             continue;
         }
         let Some(theirs) = their_word(sh, st, k) else {
@@ -301,6 +301,9 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
         };
         if theirs.is_gone() {
             gone.push(k);
+            continue;
+        }
+        if !open {
             continue;
         }
         freed += apply_returned(sh, st, k, theirs);
@@ -331,7 +334,7 @@ pub(crate) fn tick(sh: &Shared, st: &mut State, cx: &mut Cx<'_>, now: Instant) {
         answer(sh, st, cx, k, theirs, idle_sender);
     }
     for k in gone {
-        sh.fail(st, cx, k, DisconnectCause::PeerAborted);
+        sh.peer_gone(st, cx, k);
     }
     for k in closing {
         sh.mark_needy(st, k);

@@ -157,7 +157,8 @@ impl Shared {
     pub(crate) fn read_mailbox(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
         let Some(ep) = st.eps.get(k) else { return };
         let mut b = [0u8; 8];
-        if self.mailbox.read(ep.mailbox_off, &mut b).is_err() {
+        let (mem, off) = self.slot_mem(&ep.slot);
+        if mem.read(off, &mut b).is_err() {
             return;
         }
         let m = Mailbox::from_word(u64::from_be_bytes(b));

@@ -15,9 +15,10 @@ use crate::state::{Shared, State};
 use crate::timers::Timer;
 use crate::wire::{MAILBOX_LEN, RECALL_OFF, Recall};
 
-/// How long an XRC endpoint that went down on this side is kept (with its key and its
-/// rendezvous buffers) after telling its peer: two of the longest background ticks (100 ms),
-/// whatever the peer's peer timeout, and some slack.
+/// The least an XRC endpoint that went down on this side waits for its peer's answer
+/// (with its key, its slot and its rendezvous buffers) before they go without it: two of the
+/// longest background ticks (100 ms), in which an rdmx peer answers, and some slack. The
+/// wait is the peer timeout when that is longer.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Shared {
@@ -51,10 +52,14 @@ impl Shared {
                 tracing::debug!(endpoint = ep.id, "could not tell the peer: {e}");
             }
             // Until the peer has read that (at its next look, within its tick), it may still
-            // send, and read our rendezvous buffers: its messages come through the node's
-            // shared target and are routed by our key, so the key must not go to a new
-            // endpoint meanwhile, nor the buffers back to the pool.
+            // send, read our rendezvous buffers and write our slot: its messages come through
+            // the node's shared target and are routed by our key, so the key must not go to a
+            // new endpoint meanwhile, nor the buffers back to the pool. It answers with a
+            // `GONE` of its own once it has stopped: written on its initiator after all its
+            // work on this endpoint, so our target has executed that work when the answer
+            // lands (`peer_gone`). Without an answer, the wait ends after `gone_wait`.
             linger = true;
+            ep.awaiting_gone = true;
         }
         ep.status = Status::Down(cause.clone());
         // A shared XRC initiator stays up for the other endpoints (it is failed as a whole
@@ -95,7 +100,7 @@ impl Shared {
         let id = ep.id;
         st.rndv_watch.retain(|&x| x != k);
         if linger {
-            let at = cx.now() + LINGER;
+            let at = cx.now() + self.gone_wait();
             st.arm(cx, k, Timer::Linger, at);
         }
         cx.push_event(Event::Disconnected {
@@ -104,6 +109,43 @@ impl Shared {
         });
         st.reap_pending = true;
         cx.wake_all();
+    }
+
+    /// How long an XRC endpoint that told its peer it went down waits for the answer.
+    pub(crate) fn gone_wait(&self) -> std::time::Duration {
+        self.cfg.peer_timeout.max(LINGER)
+    }
+
+    /// The peer of endpoint `k` wrote `Recall::GONE` in its recall word. On an endpoint
+    /// still up, the peer's side went down: ours goes down too, and answers with a `GONE` of
+    /// its own, posted after everything this endpoint posted (it posts nothing more), so that
+    /// the peer's key, slot and buffers may go once it lands. On an endpoint that told its
+    /// peer first and waits, it is that answer (or the peer's own news, if both went down at
+    /// once: it too posts nothing more after it): the wait ends.
+    pub(crate) fn peer_gone(&self, st: &mut State, cx: &mut Cx<'_>, k: usize) {
+        let Some(ep) = st.eps.get_mut(k) else { return };
+        match ep.status {
+            Status::Open | Status::Closing => {
+                self.fail(st, cx, k, DisconnectCause::PeerAborted);
+                let Some(ep) = st.eps.get_mut(k) else { return };
+                let op = WrOpcode::RdmaWrite {
+                    remote_addr: ep.peer_mailbox.0 + RECALL_OFF as u64,
+                    rkey: rdmx_verbs::Rkey(ep.peer_mailbox.1),
+                };
+                let gone = Recall::GONE.to_be_bytes();
+                if let Err(e) = post_on(ep, op, PostData::Inline(&gone), Hold::None, false) {
+                    tracing::debug!(endpoint = ep.id, "could not answer the peer: {e}");
+                }
+            }
+            Status::Down(_) if ep.awaiting_gone => {
+                ep.awaiting_gone = false;
+                ep.timers.clear(Timer::Linger);
+                st.stats.gone_answered += 1;
+                st.reap_pending = true;
+                cx.wake_all();
+            }
+            _ => {}
+        }
     }
 
     /// Sends the Close of endpoints that are closing and drained; removes endpoints that are
@@ -236,7 +278,9 @@ impl Shared {
         st.rndv_watch.retain(|&x| x != k);
         st.rndv_wait.retain(|&x| x != k);
         st.packs.retain(|&x| x != k);
-        let _ = self.mailbox.write(ep.mailbox_off, &[0; MAILBOX_LEN]);
+        if let crate::ep::Slot::InRegion(off) = ep.slot {
+            let _ = self.mailbox.write(off, &[0; MAILBOX_LEN]);
+        }
         // Eager buffers still queued go back to the receive queue.
         let mut ep = ep;
         // A packed frame's buffer goes back once the messages taken from it are dropped too.
