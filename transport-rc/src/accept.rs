@@ -54,12 +54,19 @@ pub(crate) struct Exchanges {
     done_tx: mpsc::Sender<(u64, Outcome)>,
     done_rx: Mutex<mpsc::Receiver<(u64, Outcome)>>,
     order: Mutex<Order>,
-    /// Failed exchanges per source address: one that fails [`MAX_FAILURES`] times in
-    /// [`FAILURE_WINDOW`] (a wrong key, garbage, silence until the deadline) has its
-    /// connections closed at once until the window passes. Exchanges at once are not
-    /// bounded per address (many clients may share one), only in all ([`MAX_EXCHANGES`]).
-    gate: std::sync::Arc<bootstrap::Gate>,
+    /// Per source address: one that fails [`MAX_FAILURES`] times in [`FAILURE_WINDOW`] (a
+    /// wrong key, garbage, silence until the deadline) has its connections closed at once
+    /// until the window passes; one with [`MAX_PER_ADDRESS`] exchanges running has its next
+    /// connections held until one ends (many clients may share an address: they wait,
+    /// while a flood from one address leaves the other half of the exchanges to others).
+    admission: bootstrap::Admission,
 }
+
+/// Exchanges one source address may have running at once: half of [`MAX_EXCHANGES`].
+pub(crate) const MAX_PER_ADDRESS: u32 = (MAX_EXCHANGES / 2) as u32;
+
+/// Connections of busy addresses held at most (beyond, they are closed).
+pub(crate) const MAX_HELD: usize = 256;
 
 /// Failed exchanges a source address may have in [`FAILURE_WINDOW`].
 pub(crate) const MAX_FAILURES: u32 = 32;
@@ -67,13 +74,16 @@ pub(crate) const MAX_FAILURES: u32 = 32;
 pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 impl Exchanges {
-    pub(crate) fn new() -> Self {
+    /// A listener's exchanges; a held connection waits at most `hold_for` (the connect
+    /// timeout: its connector has given up by then).
+    pub(crate) fn new(hold_for: Duration) -> Self {
         let (done_tx, done_rx) = mpsc::channel();
+        let gate = bootstrap::Gate::with(MAX_PER_ADDRESS, MAX_FAILURES, FAILURE_WINDOW);
         Self {
             done_tx,
             done_rx: Mutex::new(done_rx),
             order: Mutex::new(Order::default()),
-            gate: bootstrap::Gate::with(u32::MAX, MAX_FAILURES, FAILURE_WINDOW),
+            admission: bootstrap::Admission::new(gate, MAX_HELD, hold_for),
         }
     }
 
@@ -175,6 +185,11 @@ pub(crate) fn accept_until(
         if deadline.is_some_and(|d| now >= d) {
             return Ok(None);
         }
+        // Held connections whose address has room again.
+        let room = MAX_EXCHANGES.saturating_sub(ex.pending());
+        for (stream, peer, ticket) in ex.admission.ready(now, room) {
+            ex.start(rc, stream, peer, ticket);
+        }
         let pending = ex.pending();
         if pending >= MAX_EXCHANGES {
             let until = deadline.map_or(now + SLICE, |d| d.min(now + SLICE));
@@ -193,12 +208,12 @@ pub(crate) fn accept_until(
             Some(t) => bootstrap::accept_until(tcp, t)?,
             None => Some(bootstrap::accept(tcp)?),
         };
-        if let Some((stream, peer)) = got {
-            match ex.gate.admit(peer.ip(), crate::util::host_now()) {
-                Some(ticket) => ex.start(rc, stream, peer, ticket),
-                // Closed at once: this address failed too often lately.
-                None => tracing::debug!(%peer, "connection refused: too many failed exchanges"),
-            }
+        // Started, held (its address is busy) or closed (it failed too often lately).
+        if let Some((stream, peer)) = got
+            && let Some((stream, peer, ticket)) =
+                ex.admission.offer(stream, peer, crate::util::host_now())
+        {
+            ex.start(rc, stream, peer, ticket);
         }
     }
 }

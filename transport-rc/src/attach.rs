@@ -225,7 +225,9 @@ impl RcTransport {
             handle: handle.clone(),
             tcp,
             local,
-            exchanges: Arc::new(crate::accept::Exchanges::new()),
+            exchanges: Arc::new(crate::accept::Exchanges::new(
+                self.rc.sh.cfg.connect_timeout,
+            )),
         })
     }
 

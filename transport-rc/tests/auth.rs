@@ -200,3 +200,37 @@ fn garbage_and_floods_keep_nobody_out() {
     assert!(ep.is_some());
     assert!(t.join().unwrap().is_ok());
 }
+
+/// 80 connections from one address that say nothing (no key, so each exchange waits for
+/// its `Hello` until the listener's 10 s connect timeout): more than the 64 exchanges a
+/// listener runs at once. They take at most 32 (the rest wait); a client from another
+/// address gets in within its own 3 s timeout.
+#[test]
+fn a_silent_flood_from_one_address_keeps_nobody_else_out() {
+    let server = Context::builder()
+        .transport(Transport::Rc)
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let l = server.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    let held: Vec<TcpStream> = (0..80).map(|_| tcp_from("127.0.0.2", addr)).collect();
+    // The listener takes them in while it waits for an endpoint.
+    let _ = l.accept_timeout(Duration::from_millis(300));
+    let client = ctx(None);
+    let t = std::thread::spawn(move || {
+        let r = client.connect(addr);
+        (client, r)
+    });
+    let (ep, errors) = accept_one(&l);
+    let (_client, r) = t.join().unwrap();
+    let cep = r.expect("a client from another address gets in");
+    let sep = ep.expect("the listener accepts it");
+    assert!(errors.is_empty(), "{errors:?}");
+    cep.send(b"through").unwrap();
+    assert_eq!(
+        &sep.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"through"
+    );
+    drop(held);
+}

@@ -194,7 +194,9 @@ impl UdTransport {
             t: self.clone(),
             tcp,
             local,
-            exchanges: Arc::new(crate::exchange::Exchanges::default()),
+            exchanges: Arc::new(crate::exchange::Exchanges::new(
+                self.u.sh.cfg.connect_timeout,
+            )),
         })
     }
 

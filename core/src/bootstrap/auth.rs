@@ -24,17 +24,14 @@
 //! clear, and an attacker that can take over an authenticated TCP connection takes over
 //! the exchange): that takes TLS, which rdmx does not implement.
 //!
-//! [`Gate`] bounds what one source address can make a listener do: exchanges at once and
-//! failed attempts in a window, beyond which its connections are closed at once (counted).
+//! What one source address can make a listener do is bounded by [`super::Gate`].
 
-use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
-use parking_lot::Mutex;
 use sha2::Sha256;
 
 use super::exchange::{recv_frame, reject, send_frame};
@@ -184,130 +181,6 @@ pub fn listener(
     }
 }
 
-/// Bounds on what one source address may make a listener do.
-#[derive(Debug)]
-pub struct Gate {
-    /// Exchanges one address may have running at once.
-    pub max_running: u32,
-    /// Failed exchanges one address may have in `window` before its connections are
-    /// closed at once until the window passes.
-    pub max_failures: u32,
-    /// The failure window.
-    pub window: Duration,
-    state: Mutex<GateState>,
-}
-
-#[derive(Debug, Default)]
-struct GateState {
-    by_ip: HashMap<IpAddr, Source>,
-    refused: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Source {
-    running: u32,
-    failures: u32,
-    since: Instant,
-}
-
-/// Addresses remembered at most (the oldest idle ones are forgotten first).
-const MAX_SOURCES: usize = 4096;
-
-/// An admitted exchange: its address's slot is given back when this is dropped.
-#[derive(Debug)]
-pub struct Ticket {
-    gate: Arc<Gate>,
-    ip: IpAddr,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut st = self.gate.state.lock();
-        if let Some(s) = st.by_ip.get_mut(&self.ip) {
-            s.running = s.running.saturating_sub(1);
-        }
-    }
-}
-
-impl Ticket {
-    /// The exchange failed (a wrong key, garbage, a timeout): counted against its address.
-    pub fn failed(&self, now: Instant) {
-        let mut st = self.gate.state.lock();
-        let window = self.gate.window;
-        if let Some(s) = st.by_ip.get_mut(&self.ip) {
-            if now.duration_since(s.since) > window {
-                s.failures = 0;
-                s.since = now;
-            }
-            s.failures = s.failures.saturating_add(1);
-        }
-    }
-}
-
-impl Gate {
-    /// The defaults: 8 exchanges at once and 32 failures a minute per address.
-    pub fn new() -> Arc<Self> {
-        Self::with(8, 32, Duration::from_secs(60))
-    }
-
-    /// A gate with these bounds.
-    pub fn with(max_running: u32, max_failures: u32, window: Duration) -> Arc<Self> {
-        Arc::new(Self {
-            max_running,
-            max_failures,
-            window,
-            state: Mutex::new(GateState::default()),
-        })
-    }
-
-    /// Admits an exchange from `ip` now, or `None` (the caller closes the connection).
-    pub fn admit(self: &Arc<Self>, ip: IpAddr, now: Instant) -> Option<Ticket> {
-        let mut st = self.state.lock();
-        if !st.by_ip.contains_key(&ip) && st.by_ip.len() >= MAX_SOURCES {
-            // Forget an idle address (the one whose window started longest ago).
-            let oldest = st
-                .by_ip
-                .iter()
-                .filter(|(_, s)| s.running == 0)
-                .min_by_key(|(_, s)| s.since)
-                .map(|(ip, _)| *ip);
-            match oldest {
-                Some(o) => {
-                    st.by_ip.remove(&o);
-                }
-                None => {
-                    st.refused += 1;
-                    return None;
-                }
-            }
-        }
-        let window = self.window;
-        let s = st.by_ip.entry(ip).or_insert(Source {
-            running: 0,
-            failures: 0,
-            since: now,
-        });
-        if now.duration_since(s.since) > window {
-            s.failures = 0;
-            s.since = now;
-        }
-        if s.running >= self.max_running || s.failures >= self.max_failures {
-            st.refused += 1;
-            return None;
-        }
-        s.running += 1;
-        Some(Ticket {
-            gate: Arc::clone(self),
-            ip,
-        })
-    }
-
-    /// Connections closed at once so far.
-    pub fn refused(&self) -> u64 {
-        self.state.lock().refused
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,32 +198,5 @@ mod tests {
         assert!(!k.verify(LISTENER, &a, &b, &m[..31]), "truncated");
         assert!(AuthKey::new(b"short").is_err());
         assert_eq!(format!("{k:?}"), "AuthKey(<16 bytes>)");
-    }
-
-    #[test]
-    fn the_gate_bounds_running_and_failures_per_address() {
-        let g = Gate::with(2, 3, Duration::from_secs(10));
-        let t0 = Instant::now();
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let t1 = g.admit(a, t0).unwrap();
-        let t2 = g.admit(a, t0).unwrap();
-        assert!(g.admit(a, t0).is_none(), "two at once");
-        assert!(g.admit(b, t0).is_some(), "another address is not held back");
-        drop(t1);
-        let t3 = g.admit(a, t0).unwrap();
-        for t in [&t2, &t3] {
-            t.failed(t0);
-        }
-        drop((t2, t3));
-        let t4 = g.admit(a, t0).unwrap();
-        t4.failed(t0);
-        drop(t4);
-        assert!(g.admit(a, t0).is_none(), "three failures");
-        assert!(
-            g.admit(a, t0 + Duration::from_secs(11)).is_some(),
-            "the window passed"
-        );
-        assert_eq!(g.refused(), 2);
     }
 }

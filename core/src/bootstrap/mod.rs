@@ -63,14 +63,16 @@ mod codec;
 mod exchange;
 #[cfg(test)]
 mod fixtures;
+mod gate;
 mod wire;
 
-pub use auth::{AuthKey, Gate, Ticket};
+pub use auth::AuthKey;
 pub use codec::{decode, decode_header, encode, try_encode};
 pub use exchange::{
     accept, accept_until, connect, expect_accept, expect_hello, expect_ready, expect_xrc_target,
     listen, recv_frame, reject, send_frame,
 };
+pub use gate::{Admission, Admitted, Gate, Refusal, Ticket};
 pub use wire::{BootstrapError, EndpointInfo, Frame, Header, PathInfo, Transport, validate};
 
 /// Version of the bootstrap protocol; both sides must agree. Version 3: credit recall may
