@@ -31,6 +31,7 @@
 
 pub mod client;
 mod codec;
+mod depth;
 #[doc(hidden)]
 pub mod fuzz_api;
 pub mod link;

@@ -1,7 +1,8 @@
 //! `rpc`: the frames of rdmx-rpc (`rdmx_rpc::wire::Header::parse`), the bodies a server
 //! decodes from a request (`codec::decode`, through `rdmx_rpc::fuzz_api::decode_body`) and
 //! what a client makes of a response frame (`fuzz_api::decode_response`), for a few body
-//! types of the shapes applications use.
+//! types of the shapes applications use, recursive ones among them (for the decoder's
+//! nesting limit: a body nested past it must be an error, not a stack overflow).
 
 use rdmx_rpc::fuzz_api;
 use rdmx_rpc::status::Code;
@@ -48,6 +49,24 @@ enum Request {
     Flags([u8; 4], bool, char),
 }
 
+/// A recursive body type: every kind of nesting the decoder's depth limit counts (enum
+/// variants, sequences, maps, options, tuples, newtype structs, boxes). An input of a few
+/// KiB can nest thousands of levels deep (one byte a level: `Wrap`, `Wrap`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Tree {
+    Leaf(u32),
+    Node(Vec<Self>),
+    Wrap(Box<Self>),
+    Pair(Box<(Self, Self)>),
+    Maybe(Option<Box<Self>>),
+    Map(std::collections::BTreeMap<u8, Self>),
+    Named { left: Box<Self>, right: Nest },
+}
+
+/// A recursive newtype struct (its own level, then its vector's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Nest(Vec<Tree>);
+
 /// A response type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Reply {
@@ -87,6 +106,14 @@ fn bodies(body: &[u8]) {
         let again: Request =
             fuzz_api::decode_body(&frame[HEADER_LEN..], LIMIT).expect("and decodes again");
         assert_eq!(again, req, "request round trip");
+    }
+    if let Ok(tree) = fuzz_api::decode_body::<Tree>(body, LIMIT) {
+        // Within the nesting limit, so encoding and decoding it again recurse no deeper.
+        let frame = fuzz_api::encode_frame(header(Kind::Request, None), &tree, LIMIT)
+            .expect("a decoded tree encodes");
+        let again: Tree =
+            fuzz_api::decode_body(&frame[HEADER_LEN..], LIMIT).expect("and decodes again");
+        assert_eq!(again, tree, "tree round trip");
     }
     decode::<Reply>(body);
     decode::<String>(body);
@@ -153,5 +180,52 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut attached = header(Kind::Request, None);
     attached.attached = true;
     out.push(fuzz_api::encode_frame(attached, &requests[0], LIMIT).expect("encodes"));
+    // Trees: every variant, nested to about half the nesting limit (66 levels: 13 each 6
+    // steps, and the leaf), then a chain just within it (127 `Wrap`s and a leaf: 128
+    // levels) and one past it (200 `Wrap`s).
+    let mut tree = Tree::Leaf(1);
+    for i in 0..30u8 {
+        tree = match i % 6 {
+            0 => Tree::Node(vec![tree, Tree::Leaf(u32::from(i))]),
+            1 => Tree::Wrap(Box::new(tree)),
+            2 => Tree::Pair(Box::new((Tree::Leaf(0), tree))),
+            3 => Tree::Maybe(Some(Box::new(tree))),
+            4 => Tree::Map([(i, tree), (0, Tree::Maybe(None))].into_iter().collect()),
+            _ => Tree::Named {
+                left: Box::new(Tree::Leaf(2)),
+                right: Nest(vec![tree]),
+            },
+        };
+    }
+    out.push(fuzz_api::encode_frame(header(Kind::Request, None), &tree, LIMIT).expect("encodes"));
+    for wraps in [127, 200] {
+        // `Wrap` is variant 2; `Leaf(0)` is variant 0 and a 0.
+        let mut body = vec![0u8; HEADER_LEN];
+        body.extend(std::iter::repeat_n(2u8, wraps));
+        body.extend_from_slice(&[0, 0]);
+        rdmx_rpc::wire::seal(header(Kind::Request, None), &mut body);
+        out.push(body);
+    }
     numbered("frame", out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tree seeds decode as trees within the nesting limit, but the one past it.
+    #[test]
+    fn the_tree_seeds_sit_around_the_nesting_limit() {
+        let seeds = seeds();
+        let n = seeds.len();
+        let tree = |i: usize| {
+            let (h, body) = Header::parse(&seeds[i].1).expect("a frame");
+            assert_eq!(h.kind, Kind::Request);
+            fuzz_api::decode_body::<Tree>(body, LIMIT)
+        };
+        assert!(tree(n - 3).is_ok());
+        assert!(tree(n - 2).is_ok());
+        let e = tree(n - 1).unwrap_err();
+        assert!(e.contains("nesting deeper than 128 levels"), "{e}");
+    }
 }
