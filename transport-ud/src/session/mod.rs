@@ -40,6 +40,11 @@ mod types;
 
 pub use types::{Cause, SendError, SessionConfig, SessionStats};
 
+/// The most credit a peer can grant beyond what it acknowledged, in datagrams: each is a
+/// receive buffer it holds, and no receive queue holds more (the bootstrap's largest
+/// window is 65,536; this leaves room for a transport's budget to grow one).
+pub const MAX_PEER_CREDIT: u32 = 1 << 17;
+
 /// A datagram sent and not yet acknowledged.
 #[derive(Debug)]
 struct Sent {
@@ -505,6 +510,15 @@ impl Session {
         // session): drop the whole datagram. (One behind ours is only old: reordered.)
         if h.ack.since(self.next_seq) > 0 {
             self.stats.refused += 1;
+            return;
+        }
+        // Credit is what the peer holds receive buffers for beyond what it acknowledged: more
+        // than any receiver can hold is a lie (one far behind is only old, and ignored).
+        let credit = h.credit.since(h.ack);
+        if credit > i64::from(MAX_PEER_CREDIT) {
+            self.die(Cause::Protocol(format!(
+                "a credit of {credit} datagrams; no receiver holds more than {MAX_PEER_CREDIT}"
+            )));
             return;
         }
         if h.kind.is_sequenced() {

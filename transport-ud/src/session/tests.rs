@@ -332,3 +332,31 @@ fn a_busy_sender_answers_a_recall_once_idle_and_the_recall_is_repeated() {
     assert_eq!(b.recv().as_deref(), Some(&b"in flight"[..]));
     assert_eq!(a.in_flight(), 0);
 }
+
+#[test]
+fn a_peer_granting_more_credit_than_any_receiver_holds_breaks_the_protocol() {
+    let now = Instant::now();
+    let cfg = SessionConfig::default();
+    let (mut a, mut b) = pair(&cfg, now);
+    b.send(b"x").unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = b.poll_transmit(now, &mut buf).unwrap();
+    let (mut h, payload) = Header::parse(&buf[..n]).unwrap();
+    let payload = payload.to_vec();
+    // At the limit: taken.
+    let mut ok = h;
+    ok.credit = ok.ack.plus(MAX_PEER_CREDIT);
+    a.handle_datagram(now, &ok, &payload);
+    assert!(a.cause().is_none());
+    assert_eq!(a.recv().as_deref(), Some(&b"x"[..]));
+    // One beyond: the session ends, nothing more is taken from it.
+    h.credit = h.ack.plus(MAX_PEER_CREDIT + 1);
+    h.seq = h.seq.next();
+    a.handle_datagram(now, &h, &payload);
+    assert!(
+        matches!(a.cause(), Some(Cause::Protocol(m)) if m.contains("credit")),
+        "{:?}",
+        a.cause()
+    );
+    assert!(a.recv().is_none());
+}
