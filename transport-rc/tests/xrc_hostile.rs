@@ -9,18 +9,20 @@
 //! for a fixed guess.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::raw;
 use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
 use rdmx_core::header::{Header, Kind, RTS_LEN, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::wire::{MAILBOX_LEN, Mailbox, RECALL_OFF, Recall};
 use rdmx_rc::{Context, Endpoint, Listener};
 use rdmx_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, QpAttr, QpAttrMask as M,
-    QpInitAttr, QpState, QueuePair, Rkey, SendFlags, SendWr, SharedReceiveQueue, SrqInitAttr,
-    WcStatus, WorkCompletion, WrOpcode,
+    AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, QpInitAttr, QueuePair, Rkey,
+    SendFlags, SendWr, SharedReceiveQueue, SrqInitAttr, WcStatus, WrOpcode,
 };
 
 /// A raw XRC peer: one initiator towards the server's node, one target for the server's
@@ -90,44 +92,8 @@ impl XrcRogue {
         bootstrap::send_frame(&mut s, &Frame::Hello(hello.clone()), deadline).unwrap();
         let peer = bootstrap::expect_accept(&mut s, deadline).unwrap();
         let av = AhAttr::new(Gid(peer.primary.gid)).with_udp_port(peer.primary.udp_port);
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            ..QpAttr::default()
-        };
-        let init_mask = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
         // Our target, for the server's initiator.
-        tgt.modify(&init, init_mask).unwrap();
-        tgt.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ah_attr: av,
-                path_mtu: Mtu::Mtu4096,
-                dest_qp_num: peer.qpn,
-                rq_psn: peer.psn,
-                max_dest_rd_atomic: 4,
-                min_rnr_timer: 12,
-                ..QpAttr::default()
-            },
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        tgt.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                timeout: 14,
-                ..QpAttr::default()
-            },
-            M::STATE | M::TIMEOUT | M::SQ_PSN,
-        )
-        .unwrap();
+        raw::xrc_target_up(&tgt, av, peer.qpn, peer.psn);
         let second = EndpointInfo {
             qpn: ini.qp_num().0,
             xrc_target: Some(tgt.qp_num().0),
@@ -136,31 +102,7 @@ impl XrcRogue {
         bootstrap::send_frame(&mut s, &Frame::Hello(second), deadline).unwrap();
         let their_target = bootstrap::expect_xrc_target(&mut s, deadline).unwrap();
         // Our initiator, to the server's target.
-        ini.modify(&init, init_mask).unwrap();
-        ini.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ah_attr: av,
-                path_mtu: Mtu::Mtu4096,
-                dest_qp_num: their_target,
-                ..QpAttr::default()
-            },
-            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-        )
-        .unwrap();
-        ini.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                timeout: 10,
-                retry_cnt: 3,
-                rnr_retry: 7,
-                sq_psn: ini_psn,
-                max_rd_atomic: 4,
-                ..QpAttr::default()
-            },
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+        raw::xrc_initiator_up(&ini, av, their_target, ini_psn);
         Self {
             cq,
             ini,
@@ -196,19 +138,7 @@ impl XrcRogue {
     }
 
     fn wait_send(&self) -> WcStatus {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut wc = [WorkCompletion::EMPTY; 4];
-        loop {
-            let n = self.cq.poll(&mut wc);
-            if n > 0 {
-                return wc[0].status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the rogue's work never completed"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        raw::wait_one(&self.cq, "the rogue's work").status
     }
 
     /// A rendezvous request for more than any message may be: a protocol violation.

@@ -311,8 +311,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
     use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
     use rdmx_core::header::{Header, Kind};
     use rdmx_verbs::{
-        AccessFlags, AhAttr, Device, Gid, Mtu, QpAttr, QpAttrMask as M, QpInitAttr, QpState,
-        SendWr, SrqInitAttr, WcStatus, WorkCompletion,
+        AccessFlags, AhAttr, Device, Gid, QpInitAttr, SendWr, SrqInitAttr, WcStatus, WorkCompletion,
     };
     use std::time::Instant;
 
@@ -368,40 +367,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
         let their_target = second.xrc_target.expect("the connector's target");
         let av = AhAttr::new(Gid(hello.primary.gid)).with_udp_port(hello.primary.udp_port);
         // Our initiator -> the connector's target.
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-            ..QpAttr::default()
-        };
-        let mask = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
-        ini.modify(&init, mask).unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: av,
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: their_target,
-            ..QpAttr::default()
-        };
-        ini.modify(
-            &rtr,
-            M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-        )
-        .unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: 500,
-            max_rd_atomic: 4,
-            ..QpAttr::default()
-        };
-        ini.modify(
-            &rts,
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+        common::raw::xrc_initiator_up(&ini, av, their_target, 500);
         // The first message, before the exchange ends.
         let h = Header {
             kind: Kind::Data,
@@ -427,34 +393,7 @@ fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
         };
         assert!(n > 0 && wc[0].status == WcStatus::Success, "{:?}", &wc[..n]);
         // Now our target for the connector's initiator, and the last frame.
-        tgt.modify(&init, mask).unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: av,
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: second.qpn,
-            rq_psn: second.psn,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
-        };
-        tgt.modify(
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            timeout: 14,
-            ..QpAttr::default()
-        };
-        tgt.modify(&rts, M::STATE | M::TIMEOUT | M::SQ_PSN).unwrap();
+        common::raw::xrc_target_up(&tgt, av, second.qpn, second.psn);
         bootstrap::send_frame(&mut s, &Frame::XrcTarget(tgt.qp_num().0), deadline).unwrap();
         // Stay until the connector has read the message.
         let mut b = [0u8; 1];

@@ -217,3 +217,4 @@ pub fn connect_pair(
     let sep = t.join().expect("accept thread");
     (client, cep, server, sep)
 }
+pub mod raw;
