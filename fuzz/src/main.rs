@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! rdmx-fuzz list
-//! rdmx-fuzz corpus [--out DIR]
+//! rdmx-fuzz corpus [--out DIR] [--only TARGET]
 //! rdmx-fuzz <target|all> [--iters N] [--seconds S] [--seed X] [--start I]
 //!                        [--hex HEX | --file PATH] [--corpus DIR]
 //! ```
@@ -38,7 +38,9 @@ fn default_corpus() -> PathBuf {
 
 const USAGE: &str = "usage:
   rdmx-fuzz list                      the targets
-  rdmx-fuzz corpus [--out DIR]        writes the seed corpus (default fuzz/corpus)
+  rdmx-fuzz corpus [--out DIR] [--only TARGET]
+                                      writes the seed corpus (default fuzz/corpus), of
+                                      every target or of one
   rdmx-fuzz <target|all> [--iters N] [--seconds S] [--seed X] [--start I]
                          [--hex HEX | --file PATH] [--corpus DIR]
       runs inputs until N inputs or S seconds (per target); without either, 10000 inputs.
@@ -70,6 +72,7 @@ fn real_main(args: &[String]) -> Result<ExitCode, String> {
     };
     let mut corpus_dir = default_corpus();
     let mut out_dir = default_corpus();
+    let mut only: Option<String> = None;
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
         let mut value = || {
@@ -95,6 +98,7 @@ fn real_main(args: &[String]) -> Result<ExitCode, String> {
             }
             "--corpus" => corpus_dir = PathBuf::from(value()?),
             "--out" => out_dir = PathBuf::from(value()?),
+            "--only" => only = Some(value()?),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -105,7 +109,7 @@ fn real_main(args: &[String]) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        "corpus" => write_corpus(&out_dir),
+        "corpus" => write_corpus(&out_dir, only.as_deref()),
         "all" => {
             let all: Vec<usize> = (0..TARGETS.len()).collect();
             Ok(run_targets(&all, &opts, &corpus_dir))
@@ -164,9 +168,15 @@ fn run_targets(which: &[usize], opts: &Options, corpus_dir: &std::path::Path) ->
     ExitCode::SUCCESS
 }
 
-/// Writes every target's seeds to `dir/<target>/<name>.bin`, replacing what was there.
-fn write_corpus(dir: &std::path::Path) -> Result<ExitCode, String> {
-    for t in TARGETS {
+/// Writes every target's seeds (or those of target `only`) to `dir/<target>/<name>.bin`,
+/// replacing what was there.
+fn write_corpus(dir: &std::path::Path, only: Option<&str>) -> Result<ExitCode, String> {
+    if let Some(name) = only
+        && targets::find(name).is_none()
+    {
+        return Err(format!("no target {name}"));
+    }
+    for t in TARGETS.iter().filter(|t| only.is_none_or(|n| n == t.name)) {
         let sub = dir.join(t.name);
         if sub.exists() {
             std::fs::remove_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;

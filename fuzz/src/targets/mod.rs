@@ -8,6 +8,7 @@ mod mcast;
 mod nic;
 mod rc_words;
 mod rpc;
+mod tm;
 mod ud;
 mod wire;
 
@@ -47,6 +48,7 @@ pub(crate) const TARGETS: &[Target] = &[
     nic::BARE,
     nic::QPS,
     nic::ICRC,
+    nic::STATES,
     cm::TARGET,
     bootstrap::TARGET,
     header::TARGET,
@@ -56,6 +58,7 @@ pub(crate) const TARGETS: &[Target] = &[
     mcast::WIRE,
     mcast::MEMBER,
     rpc::TARGET,
+    tm::TARGET,
 ];
 
 /// The target named `name`.

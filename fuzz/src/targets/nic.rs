@@ -17,6 +17,7 @@
 //! packets carry remote addresses relative to [`CANON`], translated before delivery.
 
 mod fixture;
+mod states;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -29,6 +30,7 @@ use crate::records;
 use fixture::{CANON, GROUP, Ids, MEM_LEN, Node, PEER, STRANGER, VICTIM};
 
 pub(crate) use fixture::recorded_packets;
+pub(crate) use states::STATES;
 
 pub(crate) const BARE: Target = Target {
     name: "nic_bare",

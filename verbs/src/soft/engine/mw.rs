@@ -59,6 +59,13 @@ pub(crate) struct Binding {
     qpn: Option<Qpn>,
 }
 
+impl MwEntry {
+    /// What the window opens while bound: address, length, access.
+    pub(crate) fn opens(&self) -> Option<(u64, u64, AccessFlags)> {
+        self.bound.as_ref().map(|b| (b.addr, b.len, b.access))
+    }
+}
+
 /// The access flags a window may grant.
 const WINDOW_ACCESS: AccessFlags = AccessFlags(
     AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0,
