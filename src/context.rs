@@ -12,7 +12,7 @@ use rdmx_core::bootstrap::Transport;
 use rdmx_core::pool::PoolStats;
 use rdmx_core::worker::{Batch, Worker, WorkerHandle};
 use rdmx_core::{Arrival, Buf, Config, Event, Message, RegCacheStats, Result};
-use rdmx_rc::{ContextParts, FromParts, LocalRegion, RcTransport, Stats};
+use rdmx_rc::{ContextParts, FromParts, LocalRegion, RcTransport, RemoteAccess, Stats};
 use rdmx_ud::UdTransport;
 use rdmx_verbs::NicCounters;
 
@@ -290,6 +290,15 @@ impl Context {
     /// `Verbs` when registration fails.
     pub fn register(&self, len: usize) -> Result<LocalRegion> {
         self.rc.register(len)
+    }
+
+    /// Registers `len` zeroed bytes that peers may access as `access` allows (a region
+    /// peers only read is [`RemoteAccess::Read`]: a peer that writes it fails).
+    ///
+    /// # Errors
+    /// `Verbs` when registration fails.
+    pub fn register_with(&self, len: usize, access: RemoteAccess) -> Result<LocalRegion> {
+        self.rc.register_with(len, access)
     }
 
     /// The registration cache's counters (zero-copy sends with

@@ -43,7 +43,7 @@ pub use context::{Context, ContextBuilder, Listener};
 pub use endpoint::Endpoint;
 pub use rdmx_rc::{
     Batch, IntoBufError, LocalRegion, Message, Node, OpOutput, PendingOp, RcTransport,
-    RemoteRegion, Stats,
+    RemoteAccess, RemoteRegion, Stats,
 };
 pub use rdmx_ud::UdTransport;
 pub use rdmx_ud::group::Group;

@@ -13,7 +13,7 @@ use rdmx_core::worker::{Worker, WorkerHandle};
 use rdmx_core::{Config, Error, RegCacheStats, Result};
 use rdmx_verbs::{AccessFlags, SrqInitAttr};
 
-use crate::endpoint::{Endpoint, LocalRegion};
+use crate::endpoint::{Endpoint, LocalRegion, RemoteAccess};
 use crate::node::Node;
 use crate::state::{MAX_ENDPOINTS, Rc, RcRef, Shared, State, Stats};
 use crate::util::{far, random_u64, resolve};
@@ -231,18 +231,22 @@ impl RcTransport {
         })
     }
 
-    /// Registers `len` zeroed bytes that peers may read, write and use atomics on.
+    /// Registers `len` zeroed bytes that peers may read, write and use atomics on
+    /// ([`register_with`](Self::register_with) [`RemoteAccess::All`]).
     ///
     /// # Errors
     /// `Verbs` when registration fails.
     pub fn register(&self, len: usize) -> Result<LocalRegion> {
-        let mr = self.rc.sh.pd.reg_mr(
-            len,
-            AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-        )?;
+        self.register_with(len, RemoteAccess::All)
+    }
+
+    /// Registers `len` zeroed bytes that peers may access as `access` allows (give peers
+    /// no more than they need: a region they only read is [`RemoteAccess::Read`]).
+    ///
+    /// # Errors
+    /// `Verbs` when registration fails.
+    pub fn register_with(&self, len: usize, access: RemoteAccess) -> Result<LocalRegion> {
+        let mr = self.rc.sh.pd.reg_mr(len, access.flags())?;
         Ok(LocalRegion { mr })
     }
 

@@ -17,7 +17,7 @@ use rdmx_core::{
 use rdmx_verbs::{DeviceOptions, NicCounters};
 
 use crate::attach::{Listener, RcTransport};
-use crate::endpoint::{Endpoint, LocalRegion};
+use crate::endpoint::{Endpoint, LocalRegion, RemoteAccess};
 use crate::node::Node;
 use crate::state::Stats;
 
@@ -383,6 +383,15 @@ impl Context {
     /// `Verbs` when registration fails.
     pub fn register(&self, len: usize) -> Result<LocalRegion> {
         self.rc.register(len)
+    }
+
+    /// Registers `len` zeroed bytes that peers may access as `access` allows (a region
+    /// peers only read is [`RemoteAccess::Read`]: a peer that writes it fails).
+    ///
+    /// # Errors
+    /// `Verbs` when registration fails.
+    pub fn register_with(&self, len: usize, access: RemoteAccess) -> Result<LocalRegion> {
+        self.rc.register_with(len, access)
     }
 
     /// The registration cache's counters (zero-copy sends with

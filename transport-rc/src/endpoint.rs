@@ -438,7 +438,33 @@ impl Drop for Endpoint {
 
 // ---------------------------------------------------------------------- regions
 
-/// Memory this side registers for peers to access with one-sided operations.
+/// What peers may do to a [`LocalRegion`] with one-sided operations. Anything else is a
+/// remote access error at the peer (its endpoint fails), and the region is untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteAccess {
+    /// RDMA READ only: what a table that peers look up one-sidedly needs (the KV demo's).
+    Read,
+    /// READ and WRITE.
+    ReadWrite,
+    /// READ, WRITE and the atomics (`compare_swap`, `fetch_add`).
+    All,
+}
+
+impl RemoteAccess {
+    /// The verbs access flags of a registration that allows this (and local writes).
+    pub(crate) fn flags(self) -> rdmx_verbs::AccessFlags {
+        use rdmx_verbs::AccessFlags as A;
+        match self {
+            Self::Read => A::LOCAL_WRITE | A::REMOTE_READ,
+            Self::ReadWrite => A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE,
+            Self::All => A::LOCAL_WRITE | A::REMOTE_READ | A::REMOTE_WRITE | A::REMOTE_ATOMIC,
+        }
+    }
+}
+
+/// Memory this side registers for peers to access with one-sided operations: every peer
+/// given its [`remote`](Self::remote) description may do what its [`RemoteAccess`] allows,
+/// anywhere in it, until it is dropped.
 #[derive(Debug)]
 pub struct LocalRegion {
     pub(crate) mr: MemoryRegion,

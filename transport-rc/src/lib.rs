@@ -65,7 +65,7 @@ mod xrc;
 
 pub use attach::{Listener, RcTransport};
 pub use context::{Context, ContextBuilder, ContextParts, FromParts, MAX_ENDPOINTS, open_worker};
-pub use endpoint::{Endpoint, LocalRegion, RemoteRegion};
+pub use endpoint::{Endpoint, LocalRegion, RemoteAccess, RemoteRegion};
 pub use node::Node;
 pub use ops::{OpOutput, PendingOp};
 pub use rdmx_core::SharedBuf;

@@ -169,3 +169,41 @@ fn a_silent_peer_fails_waiting_operations_with_the_endpoints_cause() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A region registered for reading only: peers read it; a write or an atomic is a remote
+/// access error that fails the writer's endpoint (and only it), and the region is untouched.
+#[test]
+fn a_read_only_region_refuses_writes_and_atomics() {
+    let s = Context::builder().build().expect("server context");
+    let r = s
+        .register_with(4096, rdmx_rc::RemoteAccess::Read)
+        .expect("register");
+    r.memory().write(0, &[7u8; 64]).unwrap();
+    let rem = r.remote();
+    let listener = s.listen("127.0.0.1:0").expect("listen");
+    let addr = listener.local_addr();
+    let accept = std::thread::spawn(move || {
+        let eps: Vec<Endpoint> = (0..3).map(|_| listener.accept().expect("accept")).collect();
+        eps
+    });
+    let c = Context::builder().build().expect("client context");
+    let reader = c.connect(addr).expect("connect");
+    let writer = c.connect(addr).expect("connect");
+    let atomic = c.connect(addr).expect("connect");
+    let _server_eps = accept.join().expect("accept thread");
+    assert_eq!(&reader.read(&rem, 0, 64).unwrap()[..], &[7u8; 64]);
+    assert!(
+        writer.write(&rem, 0, &[0u8; 64]).is_err(),
+        "a write went through"
+    );
+    assert!(
+        atomic.fetch_add(&rem, 0, 1).is_err(),
+        "an atomic went through"
+    );
+    assert_eq!(r.memory().to_vec(0, 64).unwrap(), vec![7u8; 64]);
+    // The reader's endpoint is unaffected.
+    assert_eq!(&reader.read(&rem, 8, 8).unwrap()[..], &[7u8; 8]);
+    for ep in [&writer, &atomic] {
+        assert!(matches!(ep.read(&rem, 0, 8), Err(Error::Disconnected(_))));
+    }
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmx::rpc::{Client, ClientConfig, Method, Server, ServerConfig, Service, Status};
-use rdmx::{Context, Endpoint, RemoteRegion};
+use rdmx::{Context, Endpoint, RemoteAccess, RemoteRegion};
 use serde::{Deserialize, Serialize};
 
 use table::{Layout, PROBE, SlotView, Table, view};
@@ -114,7 +114,8 @@ impl KvServer {
             slots: opts.slots.max(PROBE as u64).next_power_of_two(),
             max_value: opts.max_value,
         };
-        let region = ctx.register(layout.region_len())?;
+        // Clients only read it (GET); every change goes through the server.
+        let region = ctx.register_with(layout.region_len(), RemoteAccess::Read)?;
         let table = Arc::new(Table::new(region, layout));
         let t = Arc::clone(&table);
         let info = TableInfo {

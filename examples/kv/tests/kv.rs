@@ -198,3 +198,25 @@ fn the_bench_runs_with_small_parameters() {
         assert!(r.table().contains("GET"));
     }
 }
+
+/// Every client has the table's key (one-sided GETs read it), and the table is registered
+/// for reading only: a client that writes it by hand fails, and the table is intact.
+#[test]
+fn a_client_cannot_write_the_table() {
+    let s = server(1024, 64);
+    let c = KvClient::connect(s.local_addr()).unwrap();
+    c.put(b"k", b"v").unwrap();
+    let ctx = rdmx::Context::builder().build().unwrap();
+    let ep = Arc::new(ctx.connect(s.local_addr()).unwrap());
+    let rpc = rdmx::rpc::Client::new(Arc::clone(&ep), rdmx::rpc::ClientConfig::default()).unwrap();
+    let info = rpc.call(rdmx_kv::methods::INFO, &()).unwrap();
+    let table = rdmx::RemoteRegion {
+        addr: info.addr,
+        len: info.len,
+        rkey: info.rkey,
+    };
+    let wipe = vec![0xffu8; info.len.min(4096) as usize];
+    assert!(ep.write(&table, 0, &wipe).is_err(), "the table was written");
+    assert_eq!(c.get_one_sided(b"k").unwrap(), Some(b"v".to_vec()));
+    assert_eq!(c.get_rpc(b"k").unwrap(), Some(b"v".to_vec()));
+}
