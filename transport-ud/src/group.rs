@@ -9,6 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdmx_core::bootstrap::DatagramKey;
 use rdmx_core::pool::{BufferPool, PostKey};
 use rdmx_core::worker::{
     Cx, Message, Transport, TransportId, Wait, WaitSlot, Worker, WorkerState, wait_until,
@@ -52,6 +53,11 @@ struct Fixed {
     to_group: AddressHandle,
     mgid: Gid,
     sq_depth: usize,
+    /// With an authentication key (`Config::auth_key`): the group's datagram key. Every
+    /// datagram then ends with a tag over the sender's queue pair number and the datagram
+    /// (so that a datagram replayed from another queue pair does not pass), and one without
+    /// a valid tag is dropped first (`unauthenticated`).
+    mac: Option<DatagramKey>,
 }
 
 /// What changes, under the worker's lock.
@@ -75,6 +81,8 @@ struct GroupState {
     malformed: u64,
     /// Datagrams naming a member heard from elsewhere.
     forged: u64,
+    /// Datagrams without a valid tag of the group's key (with a key).
+    unauthenticated: u64,
     left: bool,
 }
 
@@ -157,10 +165,22 @@ impl Group {
             let pd = w.pd(post_key).clone();
             let pool = w.pool().clone();
             let port = vctx.query_port(1)?;
+            // With a key, each datagram ends with the group's tag: the protocol has that
+            // much less room.
+            let mac = cfg
+                .auth_key
+                .as_ref()
+                .map(|k| k.datagram_key(b"multicast group", name.as_bytes()));
+            let tag_len = if mac.is_some() {
+                DatagramKey::TAG_LEN
+            } else {
+                0
+            };
             let max_datagram = port
                 .active_mtu
                 .bytes()
-                .min(UdTransport::RECV_BUF_SIZE - GRH_LEN);
+                .min(UdTransport::RECV_BUF_SIZE - GRH_LEN)
+                - tag_len;
             // At least a window of receives: a publisher may send a whole window at once,
             // and a datagram that finds no receive posted is dropped (then repaired).
             let depth = cfg.srq_depth.max(64).max(options.window.min(8192));
@@ -184,6 +204,7 @@ impl Group {
                 to_group,
                 mgid,
                 sq_depth: sq_depth as usize,
+                mac,
             });
             let mcfg = McastConfig {
                 group: id,
@@ -211,6 +232,7 @@ impl Group {
                 batched: false,
                 malformed: 0,
                 forged: 0,
+                unauthenticated: 0,
                 left: false,
             };
             for _ in 0..depth {
@@ -401,6 +423,7 @@ impl Group {
         with(&self.w, &self.f, |_, st, _| McastStats {
             malformed: st.malformed,
             forged: st.forged,
+            unauthenticated: st.unauthenticated,
             send_dropped: st.send_dropped,
             ..st.member.stats()
         })
@@ -474,13 +497,19 @@ impl Fixed {
                 let len = (c.byte_len as usize).min(buf.len());
                 let grh = buf.get(..GRH_LEN).unwrap_or_default();
                 let data = buf.get(GRH_LEN..len).unwrap_or_default();
-                match Header::parse(data) {
-                    Ok((h, payload)) => {
+                // With a key, nothing looks at a datagram before its tag is checked.
+                let body = match &self.mac {
+                    None => Some(data),
+                    Some(key) => authentic(key, c.src_qp, data),
+                };
+                match body.map(Header::parse) {
+                    Some(Ok((h, payload))) => {
                         if self.admit(st, c, grh, &h) {
                             st.member.handle_datagram(now, &h, payload);
                         }
                     }
-                    Err(_) => st.malformed += 1,
+                    Some(Err(_)) => st.malformed += 1,
+                    None => st.unauthenticated += 1,
                 }
             }
             if c.status != WcStatus::WrFlushErr
@@ -575,11 +604,20 @@ impl Fixed {
                     }
                 },
             };
-            let Ok(mut buf) = self.pool.try_alloc(n) else {
+            let tag_len = self.mac.as_ref().map_or(0, |_| DatagramKey::TAG_LEN);
+            let Ok(mut buf) = self.pool.try_alloc(n + tag_len) else {
                 st.send_dropped += 1;
                 return;
             };
-            buf.copy_from_slice(&st.scratch[..n]);
+            let datagram = &st.scratch[..n];
+            match &self.mac {
+                Some(key) => {
+                    let tag = key.tag(&[&self.qp.qp_num().0.to_be_bytes(), datagram]);
+                    buf[..n].copy_from_slice(datagram);
+                    buf[n..].copy_from_slice(&tag);
+                }
+                None => buf.copy_from_slice(datagram),
+            }
             let slot = st.send_slots.vacant_key();
             let sge = [buf.sge(self.post_key)];
             let wr = SendWr::send(slot as u64 | SEND_TAG, &sge)
@@ -597,6 +635,15 @@ impl Fixed {
             }
         }
     }
+}
+
+/// The datagram of `data` (what precedes its tag) if the tag is the group key's over the
+/// sender's queue pair number `src_qp` and the datagram.
+fn authentic<'a>(key: &DatagramKey, src_qp: Qpn, data: &'a [u8]) -> Option<&'a [u8]> {
+    let at = data.len().checked_sub(DatagramKey::TAG_LEN)?;
+    let (body, tag) = data.split_at(at);
+    key.verify(&[&src_qp.0.to_be_bytes(), body], tag)
+        .then_some(body)
 }
 
 #[expect(

@@ -220,3 +220,189 @@ fn a_pooled_buffer_is_published_and_goes_back_to_its_pool() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+fn member_with_key(name: &str, key: Option<&[u8]>) -> (Worker, WorkerHandle, Group) {
+    let cfg = Config {
+        srq_depth: 256,
+        pool_max: 64 << 20,
+        auth_key: key.map(|k| rdmx_core::bootstrap::AuthKey::new(k).unwrap()),
+        ..Config::default()
+    };
+    let w = Worker::open(&cfg, None, &[UdTransport::RECV_BUF_SIZE]).unwrap();
+    let h = w.start().unwrap();
+    let g = Group::join(&w, &cfg, name, McastConfig::default()).unwrap();
+    (w, h, g)
+}
+
+/// With a key, every datagram carries the group's tag: members with the key form the group
+/// and get every message; a member without the key, or with another one, is not heard at
+/// all (its datagrams are dropped as unauthenticated before anything looks at them, so it
+/// cannot even take a member id).
+#[test]
+fn with_a_key_only_members_holding_it_are_heard() {
+    const KEY: &[u8] = b"a group key of enough bytes";
+    let name = format!("rdmx-test-auth-{}", std::process::id());
+    let (_wa, _ha, a) = member_with_key(&name, Some(KEY));
+    let (_wb, _hb, b) = member_with_key(&name, Some(KEY));
+    let (_wn, _hn, none) = member_with_key(&name, None);
+    let (_ww, _hw, wrong) = member_with_key(&name, Some(b"another key of enough bytes"));
+    // The strangers publish too (their heartbeats and data reach everybody).
+    for i in 0..20u32 {
+        none.publish_timeout(&msg(i, 64), Duration::from_secs(5))
+            .unwrap();
+        wrong
+            .publish_timeout(&msg(i, 64), Duration::from_secs(5))
+            .unwrap();
+    }
+    formed(&a, 1);
+    let n = 200u32;
+    for i in 0..n {
+        a.publish_timeout(&msg(i, 100 + i as usize), Duration::from_secs(10))
+            .unwrap();
+    }
+    for i in 0..n {
+        let (_, m) = b.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(&m[..], &msg(i, 100 + i as usize)[..], "message {i}");
+    }
+    // Nothing from the strangers, then or later; they were heard of by nobody.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(b.recv_timeout(Duration::from_millis(50)).is_err());
+    assert_eq!(
+        a.receivers(),
+        1,
+        "only the member with the key paces the publisher"
+    );
+    for g in [&a, &b] {
+        let s = g.stats();
+        assert!(s.unauthenticated > 0, "{s:?}");
+        assert_eq!(s.forged, 0, "{s:?}");
+    }
+    // A member with another key takes nothing of the group's. (One without a key may read
+    // what it overhears: the tag authenticates, it does not hide.)
+    assert!(wrong.recv_timeout(Duration::from_millis(50)).is_err());
+    assert!(wrong.stats().unauthenticated > 0);
+    drop(none);
+}
+
+/// A stranger on the network, with a raw UD queue pair attached to the group: it captures a
+/// keyed member's datagram and sends it again, as it is and altered. Neither passes (the tag
+/// covers the sender's queue pair and every byte); the member that gets them counts them
+/// and takes nothing from them.
+#[test]
+fn with_a_key_replayed_and_altered_datagrams_are_dropped() {
+    use rdmx_verbs::{
+        AccessFlags, AhAttr, Device, Gid, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, Qpn,
+        RecvWr, SendWr, WorkCompletion,
+    };
+    const KEY: &[u8] = b"a group key of enough bytes";
+    let name = format!("rdmx-test-replay-{}", std::process::id());
+    let (_wa, _ha, a) = member_with_key(&name, Some(KEY));
+    let (_wb, _hb, b) = member_with_key(&name, Some(KEY));
+    formed(&a, 1);
+    // The stranger.
+    let ctx = Device::open("soft:127.0.0.1").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let mut attr = QpInitAttr::ud(&cq, &cq);
+    attr.cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&attr).unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: rdmx_ud::QKEY,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 1,
+            ..QpAttr::default()
+        },
+        M::STATE | M::SQ_PSN,
+    )
+    .unwrap();
+    let id = rdmx_ud::mcast::wire::group_id(&name);
+    let mgid = Gid::from_ip(std::net::IpAddr::V4(rdmx_ud::group::group_addr(id)));
+    qp.attach_mcast(mgid, 0).unwrap();
+    let mr = pd.reg_mr(32 * 8192, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..32u64 {
+        let sge = [mr.sge(i as usize * 8192, 8192)];
+        qp.post_recv(&RecvWr::new(i, &sge)).unwrap();
+    }
+    // A data datagram of A's, captured (after the 40-byte GRH).
+    a.publish_timeout(b"captured", Duration::from_secs(5))
+        .unwrap();
+    let (_, m) = b.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(&m[..], b"captured");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut wc = [WorkCompletion::EMPTY; 32];
+    let captured = 'found: loop {
+        let n = cq.poll(&mut wc);
+        for c in &wc[..n] {
+            let d = mr
+                .to_vec(c.wr_id as usize * 8192, c.byte_len as usize)
+                .unwrap();
+            if d.len() > 40 && d[40..].windows(8).any(|w| w == b"captured") {
+                break 'found d[40..].to_vec();
+            }
+        }
+        assert!(Instant::now() < deadline, "the stranger captured nothing");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let to_group = pd.create_ah(&AhAttr::new(mgid)).unwrap();
+    let before = b.stats().unauthenticated;
+    let send = |bytes: &[u8], id: u64| {
+        let smr = pd.reg_mr(bytes.len(), AccessFlags::LOCAL_WRITE).unwrap();
+        smr.write(0, bytes).unwrap();
+        let sge = [smr.sge(0, bytes.len())];
+        qp.post_send(&SendWr::send(id, &sge).signaled().to(
+            &to_group,
+            Qpn::MULTICAST,
+            rdmx_ud::QKEY,
+        ))
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        drop(smr);
+    };
+    // As it is (a replay from another queue pair), and with its last payload byte changed
+    // (and the tag left as it was).
+    send(&captured, 100);
+    let mut altered = captured.clone();
+    let at = altered.len() - 17;
+    altered[at] ^= 0xff;
+    send(&altered, 101);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while b.stats().unauthenticated < before + 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.stats().unauthenticated >= before + 2, "{:?}", b.stats());
+    assert_eq!(b.stats().forged, 0);
+    assert!(
+        b.recv_timeout(Duration::from_millis(100)).is_err(),
+        "a replay was taken"
+    );
+    // The group goes on.
+    a.publish_timeout(b"after", Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        &b.recv_timeout(Duration::from_secs(5)).unwrap().1[..],
+        b"after"
+    );
+}

@@ -86,6 +86,63 @@ impl AuthKey {
     }
 }
 
+impl AuthKey {
+    /// A key for authenticating datagrams of one purpose (`label`, `context`: a group's
+    /// name, say), derived from this one: HMAC(key, label | context). Peers holding the
+    /// same key derive the same one; the shared key itself never keys a datagram MAC.
+    pub fn datagram_key(&self, label: &[u8], context: &[u8]) -> DatagramKey {
+        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        m.update(b"rdmx datagram key ");
+        m.update(label);
+        m.update(&[0]);
+        m.update(context);
+        let derived = m.finalize().into_bytes();
+        DatagramKey(
+            <HmacSha256 as Mac>::new_from_slice(&derived)
+                .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length")),
+        )
+    }
+}
+
+/// A key that authenticates datagrams (see [`AuthKey::datagram_key`]): a tag of
+/// [`TAG_LEN`](Self::TAG_LEN) bytes, HMAC-SHA-256 truncated, over the parts given. Keyed
+/// once: each tag starts from a copy of the keyed state. Its `Debug` shows nothing of it.
+#[derive(Clone)]
+pub struct DatagramKey(HmacSha256);
+
+impl DatagramKey {
+    /// Length of a tag (128 bits).
+    pub const TAG_LEN: usize = 16;
+
+    fn mac(&self, parts: &[&[u8]]) -> HmacSha256 {
+        let mut m = self.0.clone();
+        for p in parts {
+            m.update(p);
+        }
+        m
+    }
+
+    /// The tag of the concatenation of `parts`.
+    pub fn tag(&self, parts: &[&[u8]]) -> [u8; Self::TAG_LEN] {
+        let full = self.mac(parts).finalize().into_bytes();
+        let mut t = [0u8; Self::TAG_LEN];
+        t.copy_from_slice(&full[..Self::TAG_LEN]);
+        t
+    }
+
+    /// Whether `tag` is the tag of `parts` (compared in constant time).
+    pub fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
+        tag.len() == Self::TAG_LEN && self.mac(parts).verify_truncated_left(tag).is_ok()
+    }
+}
+
+impl fmt::Debug for DatagramKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DatagramKey(..)")
+    }
+}
+
 impl fmt::Debug for AuthKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "AuthKey(<{} bytes>)", self.0.len())
@@ -198,5 +255,30 @@ mod tests {
         assert!(!k.verify(LISTENER, &a, &b, &m[..31]), "truncated");
         assert!(AuthKey::new(b"short").is_err());
         assert_eq!(format!("{k:?}"), "AuthKey(<16 bytes>)");
+    }
+
+    #[test]
+    fn datagram_keys_are_derived_per_purpose_and_check_their_tags() {
+        let k = AuthKey::new(b"0123456789abcdef").unwrap();
+        let g1 = k.datagram_key(b"group", b"prices");
+        let g2 = k.datagram_key(b"group", b"orders");
+        let t = g1.tag(&[b"head", b"body"]);
+        assert!(g1.verify(&[b"head", b"body"], &t));
+        assert!(g1.verify(&[b"headbody"], &t), "the parts are concatenated");
+        assert!(!g1.verify(&[b"head", b"bodY"], &t), "another datagram");
+        assert!(!g2.verify(&[b"head", b"body"], &t), "another group's key");
+        assert!(!g1.verify(&[b"head", b"body"], &t[..15]), "a short tag");
+        let other = AuthKey::new(b"0123456789abcdeF").unwrap();
+        assert!(
+            !other
+                .datagram_key(b"group", b"prices")
+                .verify(&[b"head", b"body"], &t)
+        );
+        assert_eq!(
+            k.datagram_key(b"group", b"prices").tag(&[b"x"]),
+            g1.tag(&[b"x"]),
+            "the same key, purpose and context give the same key"
+        );
+        assert_eq!(format!("{g1:?}"), "DatagramKey(..)");
     }
 }

@@ -66,7 +66,7 @@ mod fixtures;
 mod gate;
 mod wire;
 
-pub use auth::AuthKey;
+pub use auth::{AuthKey, DatagramKey};
 pub use codec::{decode, decode_header, encode, try_encode};
 pub use exchange::{
     accept, accept_until, connect, expect_accept, expect_hello, expect_ready, expect_xrc_target,

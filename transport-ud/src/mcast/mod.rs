@@ -174,6 +174,10 @@ pub struct McastStats {
     /// (Counted by the group.) Datagrams that could not be sent (no buffer, no send slot,
     /// no address for the member yet); the protocol repairs what matters.
     pub send_dropped: u64,
+    /// (Counted by the group, with a key.) Datagrams without a valid tag of the group's
+    /// key (a stranger's, a member's without the key, or altered): dropped before anything
+    /// else looks at them.
+    pub unauthenticated: u64,
 }
 
 /// One member of one group.
