@@ -2,6 +2,9 @@
 //! a simulated lossy net driven on its virtual clock.
 #![expect(clippy::unwrap_used, reason = "test")]
 
+#[allow(dead_code, reason = "the simulations' generator is not used here")]
+mod common;
+
 use std::time::Duration;
 
 use rdmx_core::worker::{Worker, WorkerHandle};
@@ -261,9 +264,7 @@ fn connecting_to_a_listener_that_refuses_is_a_clear_error() {
 fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
     use rdmx_ud::Seq;
     use rdmx_ud::wire::{Header, Kind};
-    use rdmx_verbs::{
-        AccessFlags, AhAttr, Device, QpAttr, QpAttrMask as M, QpInitAttr, QpState, SendWr,
-    };
+    use rdmx_verbs::{AccessFlags, AhAttr, Device, SendWr};
     let cfg = cfg();
     let (_wa, a, _ha) = started(&cfg);
     let (_wb, b, _hb) = started(&cfg);
@@ -278,36 +279,7 @@ fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
     let ctx = Device::open("soft:127.0.0.1").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256, None).unwrap();
-    let mut init = QpInitAttr::ud(&cq, &cq);
-    init.cap.max_send_wr = 128;
-    let qp = pd.create_qp(&init).unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey: rdmx_ud::QKEY,
-            ..QpAttr::default()
-        },
-        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        },
-        M::STATE,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 1,
-            ..QpAttr::default()
-        },
-        M::STATE | M::SQ_PSN,
-    )
-    .unwrap();
+    let qp = common::raw_ud_qp(&pd, &cq, 128, 16);
     let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
     let to = b.addr();
     let ah = pd

@@ -2,6 +2,9 @@
 //! join a group, one publishes, the others get every message once and in order.
 #![expect(clippy::unwrap_used, reason = "test")]
 
+#[allow(dead_code, reason = "the simulations' generator is not used here")]
+mod common;
+
 use std::time::{Duration, Instant};
 
 use rdmx_core::Config;
@@ -290,10 +293,7 @@ fn with_a_key_only_members_holding_it_are_heard() {
 /// and takes nothing from them.
 #[test]
 fn with_a_key_replayed_and_altered_datagrams_are_dropped() {
-    use rdmx_verbs::{
-        AccessFlags, AhAttr, Device, Gid, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, Qpn,
-        RecvWr, SendWr, WorkCompletion,
-    };
+    use rdmx_verbs::{AccessFlags, AhAttr, Device, Gid, Qpn, RecvWr, SendWr, WorkCompletion};
     const KEY: &[u8] = b"a group key of enough bytes";
     let name = format!("rdmx-test-replay-{}", std::process::id());
     let (_wa, _ha, a) = member_with_key(&name, Some(KEY));
@@ -303,42 +303,7 @@ fn with_a_key_replayed_and_altered_datagrams_are_dropped() {
     let ctx = Device::open("soft:127.0.0.1").unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
-    let mut attr = QpInitAttr::ud(&cq, &cq);
-    attr.cap = QpCap {
-        max_send_wr: 8,
-        max_recv_wr: 32,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = pd.create_qp(&attr).unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey: rdmx_ud::QKEY,
-            ..QpAttr::default()
-        },
-        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        },
-        M::STATE,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 1,
-            ..QpAttr::default()
-        },
-        M::STATE | M::SQ_PSN,
-    )
-    .unwrap();
+    let qp = common::raw_ud_qp(&pd, &cq, 8, 32);
     let id = rdmx_ud::mcast::wire::group_id(&name);
     let mgid = Gid::from_ip(std::net::IpAddr::V4(rdmx_ud::group::group_addr(id)));
     qp.attach_mcast(mgid, 0).unwrap();

@@ -30,3 +30,47 @@ impl Rng {
         v[self.below(v.len() as u64) as usize]
     }
 }
+
+/// A raw UD queue pair with the rdmx Q_Key, in RTS (a stranger's, for the hostile tests):
+/// `sq` sends and `rq` receives at most.
+#[allow(dead_code, reason = "not every test file sends raw datagrams")]
+pub(crate) fn raw_ud_qp(
+    pd: &rdmx_verbs::ProtectionDomain,
+    cq: &rdmx_verbs::CompletionQueue,
+    sq: u32,
+    rq: u32,
+) -> rdmx_verbs::QueuePair {
+    use rdmx_verbs::{QpAttr, QpAttrMask as M, QpInitAttr, QpState};
+    let mut init = QpInitAttr::ud(cq, cq);
+    init.cap.max_send_wr = sq;
+    init.cap.max_recv_wr = rq;
+    let qp = pd.create_qp(&init).unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: rdmx_ud::QKEY,
+            ..QpAttr::default()
+        },
+        M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 1,
+            ..QpAttr::default()
+        },
+        M::STATE | M::SQ_PSN,
+    )
+    .unwrap();
+    qp
+}
