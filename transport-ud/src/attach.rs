@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmx_core::bootstrap;
+use rdmx_core::bootstrap::{self, DatagramKey};
 use rdmx_core::worker::Worker;
 use rdmx_core::{Config, Error, Result};
 use rdmx_verbs::ah::GRH_LEN;
@@ -89,6 +89,7 @@ impl UdTransport {
                 qkey: QKEY,
                 gid_index,
                 session,
+                keyed: cfg.auth_key.is_some(),
                 sq_depth,
                 addr,
                 cfg: cfg.clone(),
@@ -222,10 +223,26 @@ impl UdTransport {
             }
         };
         let r = (|| {
+            // With a key (the same on both: there is no exchange to check it), a datagram
+            // key of this pair's own.
+            let mac = match (&self.u.sh.cfg.auth_key, &peer.u.sh.cfg.auth_key) {
+                (None, None) => None,
+                (Some(k), Some(l)) if k == l => {
+                    let nonce = rdmx_verbs::random_u64().to_be_bytes();
+                    Some(k.datagram_key(b"in-process connection", &nonce))
+                }
+                _ => {
+                    return Err(Error::InvalidArgument(
+                        "in-process UD endpoints need the same authentication key on both \
+                         transports, or none"
+                            .into(),
+                    ));
+                }
+            };
             let a_half = peer_half(&self.u.describe(&a, Vec::new())?)?;
             let b_half = peer_half(&peer.u.describe(&b, Vec::new())?)?;
-            let ea = self.u.open(a, &b_half)?;
-            let eb = peer.u.open(b, &a_half)?;
+            let ea = self.u.open(a, &b_half, mac.clone())?;
+            let eb = peer.u.open(b, &a_half, mac)?;
             Ok((ea, eb))
         })();
         if r.is_err() {
@@ -294,7 +311,7 @@ fn resolve(addr: impl ToSocketAddrs) -> Result<SocketAddr> {
 }
 
 /// The receive buffers of the control queue pair: a GRH and a header.
-const CTRL_BUF_SIZE: usize = GRH_LEN + crate::wire::HEADER_LEN;
+const CTRL_BUF_SIZE: usize = GRH_LEN + crate::wire::HEADER_LEN + DatagramKey::TAG_LEN;
 
 /// How many control datagrams the control queue pair can hold: eight for every data
 /// buffer, at least 1,024 and at most 32,768 (each takes a 128-byte pool slot: 4 MiB at

@@ -12,6 +12,7 @@ use rdmx_verbs::{RecvWr, SendWr, WcStatus};
 
 use crate::state::{CTRL_TAG, SEND_TAG, Shared, State, disconnect_cause};
 use crate::wire::Header;
+use rdmx_core::bootstrap::DatagramKey;
 
 impl Shared {
     /// Posts receive buffer `buf` (whole capacity) on the data queue pair, or on the
@@ -70,14 +71,35 @@ impl Shared {
             st.stats.datagrams_received += 1;
             let len = (c.byte_len as usize).min(buf.len());
             let data = buf.get(rdmx_verbs::ah::GRH_LEN..len).unwrap_or_default();
-            match Header::parse(data) {
+            // With a key, every datagram ends with its session's tag: the header (which names
+            // the session) is read from what precedes it, and nothing reaches the session
+            // before the tag checks.
+            let (body, tag) = if self.keyed {
+                match data.len().checked_sub(DatagramKey::TAG_LEN) {
+                    Some(at) => (&data[..at], Some(&data[at..])),
+                    None => (&[][..], None),
+                }
+            } else {
+                (data, None)
+            };
+            match Header::parse(body) {
+                Err(_) if self.keyed => st.stats.unauthenticated += 1,
                 Err(_) => st.stats.malformed += 1,
                 Ok((h, payload)) => {
                     let k = h.dst_session as usize;
                     match st.peer_mut(k) {
                         Some(p) => {
-                            p.session.handle_datagram(now, &h, payload);
-                            st.mark_dirty(k);
+                            let authentic = match (&p.mac, tag) {
+                                (None, None) => true,
+                                (Some(key), Some(tag)) => key.verify(&[body], tag),
+                                _ => false,
+                            };
+                            if authentic {
+                                p.session.handle_datagram(now, &h, payload);
+                                st.mark_dirty(k);
+                            } else {
+                                st.stats.unauthenticated += 1;
+                            }
                         }
                         None => st.stats.unknown_session += 1,
                     }
@@ -189,12 +211,17 @@ impl Shared {
             let Some(n) = p.session.poll_transmit(now, scratch) else {
                 return;
             };
-            let Ok(mut buf) = self.pool.try_alloc(n) else {
+            let tag_len = p.mac.as_ref().map_or(0, |_| DatagramKey::TAG_LEN);
+            let Ok(mut buf) = self.pool.try_alloc(n + tag_len) else {
                 // Lost here as on the wire: the session sends it again.
                 stats.send_dropped += 1;
                 return;
             };
-            buf.copy_from_slice(&scratch[..n]);
+            let datagram = scratch.get(..n).unwrap_or_default();
+            buf[..n].copy_from_slice(datagram);
+            if let Some(key) = &p.mac {
+                buf[n..].copy_from_slice(&key.tag(&[datagram]));
+            }
             let slot = send_slots.vacant_key();
             let sge = [buf.sge(self.post_key)];
             // Acknowledgements (a header and nothing else) go to the peer's control queue

@@ -31,14 +31,14 @@ fn deadline(u: &UdRef) -> Instant {
 pub(crate) fn connect(u: &UdRef, addr: SocketAddr, data: &[u8]) -> Result<Endpoint> {
     let deadline = deadline(u);
     let mut stream = bootstrap::connect(addr, deadline)?;
-    bootstrap::auth::connector(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
+    let mac = bootstrap::auth::connector(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
     let h = u.reserve()?;
     let r = (|| {
         let hello = Frame::Hello(u.describe(&h, data.to_vec())?);
         bootstrap::send_frame(&mut stream, &hello, deadline)?;
         let info = bootstrap::expect_accept(&mut stream, deadline)?;
         let peer = peer_half(&info)?;
-        u.open(h, &peer)
+        u.open(h, &peer, mac)
     })();
     if r.is_err() {
         u.unreserve(&h);
@@ -48,7 +48,7 @@ pub(crate) fn connect(u: &UdRef, addr: SocketAddr, data: &[u8]) -> Result<Endpoi
 
 /// The listening side of one exchange, on a connection just accepted.
 fn answer(u: &UdRef, mut stream: TcpStream, deadline: Instant) -> Result<Endpoint> {
-    bootstrap::auth::listener(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
+    let mac = bootstrap::auth::listener(&mut stream, u.sh.cfg.auth_key.as_ref(), deadline)?;
     let info = bootstrap::expect_hello(&mut stream, deadline)?;
     let peer = match peer_half(&info) {
         Ok(p) => p,
@@ -67,7 +67,7 @@ fn answer(u: &UdRef, mut stream: TcpStream, deadline: Instant) -> Result<Endpoin
     let r = (|| {
         let data = u.sh.accept_data.lock().clone();
         let mine = u.describe(&h, data)?;
-        let ep = u.open(h, &peer)?;
+        let ep = u.open(h, &peer, mac)?;
         bootstrap::send_frame(&mut stream, &Frame::Accept(mine), deadline)?;
         Ok(ep)
     })();

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use rdmx_core::bootstrap::{EndpointInfo, PathInfo, Transport};
+use rdmx_core::bootstrap::{DatagramKey, EndpointInfo, PathInfo, Transport};
 use rdmx_core::worker::WaitSlot;
 use rdmx_core::{Error, Result};
 use rdmx_verbs::{AhAttr, Gid, Qpn};
@@ -119,7 +119,12 @@ impl UdRef {
     /// # Errors
     /// `Verbs` when the address handle cannot be made (the reservation stays: undo it);
     /// `Protocol` when the reservation is gone.
-    pub(crate) fn open(&self, h: Half, peer: &PeerHalf) -> Result<Endpoint> {
+    pub(crate) fn open(
+        &self,
+        h: Half,
+        peer: &PeerHalf,
+        mac: Option<DatagramKey>,
+    ) -> Result<Endpoint> {
         let to = (peer.gid, peer.addr.port());
         let ah = match self.with(|_, st, _| st.ahs.get(&to).cloned()) {
             Some(ah) => ah,
@@ -139,7 +144,9 @@ impl UdRef {
             let id = st.next_id;
             st.next_id += 1;
             let mut cfg = sh.session.clone();
-            cfg.max_datagram = cfg.max_datagram.min(peer.mtu);
+            // (With a key, each datagram ends with its tag: the session has that much less.)
+            let tag_len = mac.as_ref().map_or(0, |_| DatagramKey::TAG_LEN);
+            cfg.max_datagram = cfg.max_datagram.min(peer.mtu) - tag_len;
             cfg.max_message = cfg.max_message.min(peer.max_message);
             let session = Session::new(
                 cfg,
@@ -157,6 +164,7 @@ impl UdRef {
                 ah,
                 remote_qpn: peer.qpn,
                 remote_ctrl_qpn: peer.ctrl_qpn,
+                mac,
                 wait: WaitSlot::new(h.key),
                 detached: false,
                 timer_at: None,

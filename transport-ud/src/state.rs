@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rdmx_core::bootstrap::DatagramKey;
 use rdmx_core::pool::{BufferPool, PostKey};
 use rdmx_core::worker::{Cx, TransportId, Wait, WaitSlot, Worker, WorkerState};
 use rdmx_core::{Buf, Config, DisconnectCause};
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) gid_index: u32,
     /// How each session behaves (its receive window is the configured credits).
     pub(crate) session: SessionConfig,
+    /// The transport has an authentication key: every session's datagrams carry tags.
+    pub(crate) keyed: bool,
     /// Send work requests at most in flight.
     pub(crate) sq_depth: u32,
     /// This transport's address (its device port), for peers.
@@ -65,6 +68,9 @@ pub(crate) struct Peer {
     pub(crate) remote_qpn: Qpn,
     /// Where its acknowledgements go: the peer's control queue pair (or `remote_qpn`).
     pub(crate) remote_ctrl_qpn: Qpn,
+    /// With an authentication key: the connection's datagram key (from the bootstrap's
+    /// exchange). Every datagram of the session, both ways, ends with its tag.
+    pub(crate) mac: Option<DatagramKey>,
     pub(crate) wait: WaitSlot,
     /// The application dropped its handle.
     pub(crate) detached: bool,
@@ -83,6 +89,9 @@ pub struct UdStats {
     pub unknown_session: u64,
     /// Datagrams that did not parse (truncated, another version, garbage).
     pub malformed: u64,
+    /// With a key: datagrams without a valid tag of their session's key (a stranger's,
+    /// another session's, or altered), dropped before the session sees them.
+    pub unauthenticated: u64,
     /// Receive completions in error (flushes at teardown, mostly).
     pub recv_errors: u64,
     /// Send completions in error.

@@ -482,3 +482,134 @@ fn a_slow_receiver_bounds_what_it_holds_and_nothing_is_dropped() {
     }
     assert_eq!(b.stats().refused, 0, "{:?}", b.stats());
 }
+
+fn keyed(key: &[u8]) -> Config {
+    Config {
+        auth_key: Some(rdmx_core::bootstrap::AuthKey::new(key).unwrap()),
+        ..cfg()
+    }
+}
+
+const KEY: &[u8] = b"the UD sessions' shared key";
+
+/// With a key, every session datagram carries its connection's tag (a key derived from the
+/// bootstrap's nonces): messages of every size, around the datagram size too, go both ways
+/// whole and in order, over the bootstrap and in-process.
+#[test]
+fn keyed_sessions_carry_messages_of_every_size() {
+    let kcfg = keyed(KEY);
+    let (_wa, a, _ha) = started(&kcfg);
+    let (_wb, b, _hb) = started(&kcfg);
+    let l = b.listen("127.0.0.1:0").unwrap();
+    let addr = l.local_addr();
+    let acc = std::thread::spawn(move || l.accept_timeout(Duration::from_secs(5)).unwrap());
+    let over_tcp = (a.connect(addr).unwrap(), acc.join().unwrap());
+    let in_process = a.connect_local(&b).unwrap();
+    let sizes = [
+        0usize, 1, 100, 4000, 4040, 4056, 4096, 9000, 70_000, 300_000,
+    ];
+    for (ea, eb) in [&over_tcp, &in_process] {
+        for (i, len) in sizes.iter().enumerate() {
+            ea.send(&msg(i as u32, *len)).unwrap();
+            eb.send(&msg(i as u32 + 100, *len)).unwrap();
+        }
+        for (i, len) in sizes.iter().enumerate() {
+            let m = eb.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(&m[..], &msg(i as u32, *len)[..], "message {i}");
+            let m = ea.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(&m[..], &msg(i as u32 + 100, *len)[..], "message {i} back");
+        }
+    }
+    for t in [&a, &b] {
+        let s = t.stats();
+        assert_eq!(
+            (s.unauthenticated, s.malformed, s.refused),
+            (0, 0, 0),
+            "{s:?}"
+        );
+    }
+    // In-process pairs need the same key on both sides, or none.
+    let (_wn, none, _hn) = started(&cfg());
+    assert!(matches!(
+        a.connect_local(&none),
+        Err(Error::InvalidArgument(_))
+    ));
+    let (_wo, other, _ho) = started(&keyed(b"another key, just as long"));
+    assert!(matches!(
+        a.connect_local(&other),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+/// With a key, a datagram from a stranger never reaches a session: the ones that name a
+/// real session (which would otherwise fail its token inside the session), and garbage,
+/// are dropped first as unauthenticated.
+#[test]
+fn with_a_key_strangers_datagrams_never_reach_a_session() {
+    use rdmx_ud::Seq;
+    use rdmx_ud::wire::{Header, Kind};
+    use rdmx_verbs::{AccessFlags, AhAttr, Device, SendWr};
+    let cfg = keyed(KEY);
+    let (_wa, a, _ha) = started(&cfg);
+    let (_wb, b, _hb) = started(&cfg);
+    let (ea, eb) = a.connect_local(&b).unwrap();
+    ea.send(b"before").unwrap();
+    assert_eq!(
+        &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"before"
+    );
+    let ctx = Device::open("soft:127.0.0.1").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let qp = common::raw_ud_qp(&pd, &cq, 64, 16);
+    let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let to = b.addr();
+    let ah = pd
+        .create_ah(&AhAttr::new(rdmx_verbs::Gid::from_ip(to.ip())).with_udp_port(to.port()))
+        .unwrap();
+    let mut datagrams: Vec<Vec<u8>> = vec![Vec::new(), vec![0xff; 4000]];
+    for (token, tagged) in [(0x1234_5678u32, false), (0, true)] {
+        let h = Header {
+            kind: Kind::Data,
+            flags: rdmx_ud::wire::flags::FIRST | rdmx_ud::wire::flags::LAST,
+            dst_session: 0,
+            dst_token: token,
+            seq: Seq(0),
+            ack: Seq(0),
+            sack: 0,
+            credit: Seq(0),
+            len: 8,
+        };
+        let mut d = vec![0u8; rdmx_ud::wire::HEADER_LEN + 8];
+        h.write(&mut d);
+        d[rdmx_ud::wire::HEADER_LEN..].copy_from_slice(&[0, 0, 0, 4, b'e', b'v', b'i', b'l']);
+        if tagged {
+            // A tag of the right length, of no key.
+            d.extend_from_slice(&[0x5a; 16]);
+        }
+        datagrams.push(d);
+    }
+    for (i, d) in datagrams.iter().enumerate() {
+        mr.write(0, d).unwrap();
+        let sge = [mr.sge(0, d.len())];
+        qp.post_send(&SendWr::send(i as u64, &sge).to(&ah, b.qp_num(), rdmx_ud::QKEY))
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while b.stats().unauthenticated < 4 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", b.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ea.send(b"after").unwrap();
+    assert_eq!(
+        &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
+        b"after"
+    );
+    assert!(eb.try_recv().is_err());
+    let s = b.stats();
+    assert_eq!(
+        (s.unauthenticated, s.malformed, s.unknown_session, s.refused),
+        (4, 0, 0, 0),
+        "{s:?}"
+    );
+}

@@ -160,8 +160,23 @@ fn nonce() -> [u8; AUTH_LEN] {
     n
 }
 
+/// The key of the datagrams of one connection, derived from the shared key and both sides'
+/// nonces (fresh for every connection: a datagram of one does not pass in another).
+fn connection_key(
+    key: &AuthKey,
+    connector: &[u8; AUTH_LEN],
+    listener: &[u8; AUTH_LEN],
+) -> DatagramKey {
+    let mut both = [0u8; 2 * AUTH_LEN];
+    both[..AUTH_LEN].copy_from_slice(connector);
+    both[AUTH_LEN..].copy_from_slice(listener);
+    key.datagram_key(b"connection", &both)
+}
+
 /// The connector's side: proves the key and checks the listener's proof (nothing to do
-/// without a key).
+/// without a key). With a key, returns the connection's datagram key (the same on both
+/// sides, fresh for this connection): what a transport whose datagrams travel outside the
+/// connection (UD) authenticates them with.
 ///
 /// # Errors
 /// [`BootstrapError::AuthFailed`] when the listener's proof is wrong; `Rejected` with the
@@ -170,9 +185,9 @@ pub fn connector(
     stream: &mut TcpStream,
     key: Option<&AuthKey>,
     deadline: Instant,
-) -> Result<(), BootstrapError> {
+) -> Result<Option<DatagramKey>, BootstrapError> {
     let Some(key) = key else {
-        return Ok(());
+        return Ok(None);
     };
     let mine = nonce();
     send_frame(stream, &Frame::AuthHello(mine), deadline)?;
@@ -192,11 +207,14 @@ pub fn connector(
         return Err(BootstrapError::AuthFailed(why.into()));
     }
     let mac = key.sign(CONNECTOR, &theirs, &mine);
-    send_frame(stream, &Frame::AuthProof(mac), deadline)
+    send_frame(stream, &Frame::AuthProof(mac), deadline)?;
+    Ok(Some(connection_key(key, &mine, &theirs)))
 }
 
 /// The listener's side, before it reads the `Hello`: with a key, the challenge (within
 /// [`AUTH_TIMEOUT`]); a peer that fails it is told why and refused.
+///
+/// With a key, returns the connection's datagram key (see [`connector`]).
 ///
 /// # Errors
 /// [`BootstrapError::AuthFailed`] for a wrong key, no proof, or a peer that does not hold
@@ -205,9 +223,9 @@ pub fn listener(
     stream: &mut TcpStream,
     key: Option<&AuthKey>,
     deadline: Instant,
-) -> Result<(), BootstrapError> {
+) -> Result<Option<DatagramKey>, BootstrapError> {
     let Some(key) = key else {
-        return Ok(());
+        return Ok(None);
     };
     let by = deadline.min(Instant::now() + AUTH_TIMEOUT);
     let refuse = |stream: &mut TcpStream, why: &str| {
@@ -228,7 +246,9 @@ pub fn listener(
     let mac = key.sign(LISTENER, &theirs, &mine);
     send_frame(stream, &Frame::AuthChallenge { nonce: mine, mac }, by)?;
     match recv_frame(stream, by)? {
-        Frame::AuthProof(p) if key.verify(CONNECTOR, &mine, &theirs, &p) => Ok(()),
+        Frame::AuthProof(p) if key.verify(CONNECTOR, &mine, &theirs, &p) => {
+            Ok(Some(connection_key(key, &theirs, &mine)))
+        }
         Frame::AuthProof(_) => refuse(stream, "authentication failed: wrong key"),
         Frame::Reject(reason) => Err(BootstrapError::Rejected(reason)),
         _ => refuse(
