@@ -262,9 +262,6 @@ fn connecting_to_a_listener_that_refuses_is_a_clear_error() {
 /// goes on.
 #[test]
 fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
-    use rdmx_ud::Seq;
-    use rdmx_ud::wire::{Header, Kind};
-    use rdmx_verbs::{AccessFlags, AhAttr, Device, SendWr};
     let cfg = cfg();
     let (_wa, a, _ha) = started(&cfg);
     let (_wb, b, _hb) = started(&cfg);
@@ -276,44 +273,14 @@ fn forged_and_garbage_datagrams_are_counted_and_harm_nothing() {
     );
 
     // The attacker: a plain UD queue pair on a device of its own.
-    let ctx = Device::open("soft:127.0.0.1").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, None).unwrap();
-    let qp = common::raw_ud_qp(&pd, &cq, 128, 16);
-    let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
-    let to = b.addr();
-    let ah = pd
-        .create_ah(&AhAttr::new(rdmx_verbs::Gid::from_ip(to.ip())).with_udp_port(to.port()))
-        .unwrap();
+    let stranger = common::Stranger::aimed_at(&b);
     let mut datagrams: Vec<Vec<u8>> =
         vec![Vec::new(), b"GET / HTTP/1.1\r\n".to_vec(), vec![0xff; 4000]];
-    let forged = |session: u32, token: u32, seq: u32| {
-        let h = Header {
-            kind: Kind::Data,
-            flags: rdmx_ud::wire::flags::FIRST | rdmx_ud::wire::flags::LAST,
-            dst_session: session,
-            dst_token: token,
-            seq: Seq(seq),
-            ack: Seq(0),
-            sack: 0,
-            credit: Seq(0),
-            len: 8,
-        };
-        let mut d = vec![0u8; rdmx_ud::wire::HEADER_LEN + 8];
-        h.write(&mut d);
-        d[rdmx_ud::wire::HEADER_LEN..].copy_from_slice(&[0, 0, 0, 4, b'e', b'v', b'i', b'l']);
-        d
-    };
     for s in [0u32, 1, 7, 60_000, u32::MAX] {
-        datagrams.push(forged(s, 0x1234_5678, 0));
-        datagrams.push(forged(s, 0, 12345));
+        datagrams.push(common::forged_data(s, 0x1234_5678, 0));
+        datagrams.push(common::forged_data(s, 0, 12345));
     }
-    for (i, d) in datagrams.iter().enumerate() {
-        mr.write(0, d).unwrap();
-        let sge = [mr.sge(0, d.len())];
-        qp.post_send(&SendWr::send(i as u64, &sge).to(&ah, b.qp_num(), rdmx_ud::QKEY))
-            .unwrap();
-    }
+    stranger.send_all(&datagrams);
     // Everything lands and is judged; the endpoint still works, and nothing was delivered.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -546,9 +513,6 @@ fn keyed_sessions_carry_messages_of_every_size() {
 /// are dropped first as unauthenticated.
 #[test]
 fn with_a_key_strangers_datagrams_never_reach_a_session() {
-    use rdmx_ud::Seq;
-    use rdmx_ud::wire::{Header, Kind};
-    use rdmx_verbs::{AccessFlags, AhAttr, Device, SendWr};
     let cfg = keyed(KEY);
     let (_wa, a, _ha) = started(&cfg);
     let (_wb, b, _hb) = started(&cfg);
@@ -558,43 +522,16 @@ fn with_a_key_strangers_datagrams_never_reach_a_session() {
         &eb.recv_timeout(Duration::from_secs(5)).unwrap()[..],
         b"before"
     );
-    let ctx = Device::open("soft:127.0.0.1").unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, None).unwrap();
-    let qp = common::raw_ud_qp(&pd, &cq, 64, 16);
-    let mr = pd.reg_mr(1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
-    let to = b.addr();
-    let ah = pd
-        .create_ah(&AhAttr::new(rdmx_verbs::Gid::from_ip(to.ip())).with_udp_port(to.port()))
-        .unwrap();
-    let mut datagrams: Vec<Vec<u8>> = vec![Vec::new(), vec![0xff; 4000]];
-    for (token, tagged) in [(0x1234_5678u32, false), (0, true)] {
-        let h = Header {
-            kind: Kind::Data,
-            flags: rdmx_ud::wire::flags::FIRST | rdmx_ud::wire::flags::LAST,
-            dst_session: 0,
-            dst_token: token,
-            seq: Seq(0),
-            ack: Seq(0),
-            sack: 0,
-            credit: Seq(0),
-            len: 8,
-        };
-        let mut d = vec![0u8; rdmx_ud::wire::HEADER_LEN + 8];
-        h.write(&mut d);
-        d[rdmx_ud::wire::HEADER_LEN..].copy_from_slice(&[0, 0, 0, 4, b'e', b'v', b'i', b'l']);
-        if tagged {
-            // A tag of the right length, of no key.
-            d.extend_from_slice(&[0x5a; 16]);
-        }
-        datagrams.push(d);
-    }
-    for (i, d) in datagrams.iter().enumerate() {
-        mr.write(0, d).unwrap();
-        let sge = [mr.sge(0, d.len())];
-        qp.post_send(&SendWr::send(i as u64, &sge).to(&ah, b.qp_num(), rdmx_ud::QKEY))
-            .unwrap();
-    }
+    let stranger = common::Stranger::aimed_at(&b);
+    let mut tagged = common::forged_data(0, 0, 0);
+    // A tag of the right length, of no key.
+    tagged.extend_from_slice(&[0x5a; 16]);
+    stranger.send_all(&[
+        Vec::new(),
+        vec![0xff; 4000],
+        common::forged_data(0, 0x1234_5678, 0),
+        tagged,
+    ]);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while b.stats().unauthenticated < 4 {
         assert!(std::time::Instant::now() < deadline, "{:?}", b.stats());
