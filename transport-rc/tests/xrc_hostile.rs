@@ -15,14 +15,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::raw;
-use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
+use rdmx_core::bootstrap::{self, EndpointInfo, Frame, Transport};
 use rdmx_core::header::{Header, Kind, RTS_LEN, RtsInfo};
 use rdmx_core::{DisconnectCause, Error};
 use rdmx_rc::wire::{MAILBOX_LEN, Mailbox, RECALL_OFF, Recall};
 use rdmx_rc::{Context, Endpoint, Listener};
 use rdmx_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, QpInitAttr, QueuePair, Rkey,
-    SendFlags, SendWr, SharedReceiveQueue, SrqInitAttr, WcStatus, WrOpcode,
+    AhAttr, CompletionQueue, Gid, MemoryRegion, QueuePair, Rkey, SendFlags, SendWr,
+    SharedReceiveQueue, WcStatus, WrOpcode,
 };
 
 /// A raw XRC peer: one initiator towards the server's node, one target for the server's
@@ -45,48 +45,18 @@ struct XrcRogue {
 
 impl XrcRogue {
     fn connect(addr: SocketAddr, node_id: u64) -> Self {
-        let ctx = Device::open("soft:127.0.0.1").unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(256, None).unwrap();
-        let xrcd = ctx.open_xrcd().unwrap();
-        let srq = pd
-            .create_xrc_srq(&xrcd, &cq, &SrqInitAttr::default())
-            .unwrap();
-        let mr = pd
-            .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-            .unwrap();
-        let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
-        let tgt = pd.create_xrc_target_qp(&xrcd).unwrap();
-        let here = ctx.port_addr(1).unwrap();
-        let path = PathInfo {
-            gid: Gid::from_ip(here.ip()).0,
-            udp_port: here.port(),
-            port_num: 1,
-        };
+        let me = raw::RawXrcPeer::new();
         let ini_psn = 700;
-        let hello = EndpointInfo {
-            transport: Transport::Xrc,
-            qpn: 0,
-            psn: ini_psn,
-            mtu: 4096,
-            primary: path,
-            alternate: None,
-            srq_nums: vec![srq.srq_num()],
-            credits: 8,
-            mailbox_addr: mr.addr(),
-            mailbox_rkey: mr.rkey().0,
-            max_message: 1 << 20,
-            eager_limit: 32 << 10,
-            context_id: node_id,
-            node_id,
-            tag: 0,
-            xrc_target: None,
-            xrc_target_path: None,
-            xrc_target_alt: None,
-            xrc_in_use: None,
-            token: 0,
-            app_data: Vec::new(),
-        };
+        let hello = me.info(node_id, 0, ini_psn);
+        let raw::RawXrcPeer {
+            cq,
+            ini,
+            tgt,
+            srq,
+            mailbox: mr,
+            ctx,
+            ..
+        } = me;
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut s = bootstrap::connect(addr, deadline).unwrap();
         bootstrap::send_frame(&mut s, &Frame::Hello(hello.clone()), deadline).unwrap();

@@ -308,61 +308,28 @@ fn killing_the_host_process_fails_the_node_in_bounded_time() {
 /// target.
 #[test]
 fn a_message_sent_before_the_exchange_ends_reaches_the_endpoint() {
-    use rdmx_core::bootstrap::{self, EndpointInfo, Frame, PathInfo, Transport};
+    use rdmx_core::bootstrap::{self, Frame, Transport};
     use rdmx_core::header::{Header, Kind};
-    use rdmx_verbs::{
-        AccessFlags, AhAttr, Device, Gid, QpInitAttr, SendWr, SrqInitAttr, WcStatus, WorkCompletion,
-    };
+    use rdmx_verbs::{AhAttr, Gid, SendWr, WcStatus, WorkCompletion};
     use std::time::Instant;
 
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = tcp.local_addr().unwrap();
     let peer = std::thread::spawn(move || {
-        let ctx = Device::open("soft:127.0.0.1").unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64, None).unwrap();
-        let xrcd = ctx.open_xrcd().unwrap();
-        let srq = pd
-            .create_xrc_srq(&xrcd, &cq, &SrqInitAttr::default())
-            .unwrap();
-        let mailbox = pd
-            .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-            .unwrap();
-        let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
-        let tgt = pd.create_xrc_target_qp(&xrcd).unwrap();
-        let here = ctx.port_addr(1).unwrap();
-        let path = PathInfo {
-            gid: Gid::from_ip(here.ip()).0,
-            udp_port: here.port(),
-            port_num: 1,
-        };
+        let me = common::raw::RawXrcPeer::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         let (mut s, _) = tcp.accept().unwrap();
         let hello = bootstrap::expect_hello(&mut s, deadline).unwrap();
-        let me = EndpointInfo {
-            transport: Transport::Xrc,
-            qpn: ini.qp_num().0,
-            psn: 500,
-            mtu: 4096,
-            primary: path.clone(),
-            alternate: None,
-            srq_nums: vec![srq.srq_num()],
-            credits: 8,
-            mailbox_addr: mailbox.addr(),
-            mailbox_rkey: mailbox.rkey().0,
-            max_message: 1 << 20,
-            eager_limit: 32 << 10,
-            context_id: 77,
-            node_id: 77,
-            tag: 0,
-            xrc_target: None,
-            xrc_target_path: None,
-            xrc_target_alt: None,
-            xrc_in_use: None,
-            token: 0,
-            app_data: Vec::new(),
-        };
-        bootstrap::send_frame(&mut s, &Frame::Accept(me), deadline).unwrap();
+        let info = me.info(77, me.ini.qp_num().0, 500);
+        bootstrap::send_frame(&mut s, &Frame::Accept(info), deadline).unwrap();
+        let common::raw::RawXrcPeer {
+            cq,
+            ini,
+            tgt,
+            srq,
+            mailbox,
+            ..
+        } = me;
         let second = bootstrap::expect_hello(&mut s, deadline).unwrap();
         let their_target = second.xrc_target.expect("the connector's target");
         let av = AhAttr::new(Gid(hello.primary.gid)).with_udp_port(hello.primary.udp_port);

@@ -99,3 +99,77 @@ pub fn wait_one(cq: &CompletionQueue, what: &str) -> WorkCompletion {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// A hand-driven XRC peer's resources: a domain with an SRQ, an initiator and a target (not
+/// connected yet), and a mailbox peers may write.
+pub struct RawXrcPeer {
+    pub cq: CompletionQueue,
+    pub ini: QueuePair,
+    pub tgt: QueuePair,
+    pub srq: rdmx_verbs::SharedReceiveQueue,
+    pub mailbox: rdmx_verbs::MemoryRegion,
+    pub path: rdmx_core::bootstrap::PathInfo,
+    pub ctx: rdmx_verbs::Context,
+}
+
+impl RawXrcPeer {
+    /// On a soft device of its own on loopback.
+    pub fn new() -> Self {
+        use rdmx_verbs::{Device, Gid, QpInitAttr, SrqInitAttr};
+        let ctx = Device::open("soft:127.0.0.1").unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256, None).unwrap();
+        let xrcd = ctx.open_xrcd().unwrap();
+        let srq = pd
+            .create_xrc_srq(&xrcd, &cq, &SrqInitAttr::default())
+            .unwrap();
+        let mailbox = pd
+            .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        let ini = pd.create_qp(&QpInitAttr::xrc_send(&cq)).unwrap();
+        let tgt = pd.create_xrc_target_qp(&xrcd).unwrap();
+        let here = ctx.port_addr(1).unwrap();
+        let path = rdmx_core::bootstrap::PathInfo {
+            gid: Gid::from_ip(here.ip()).0,
+            udp_port: here.port(),
+            port_num: 1,
+        };
+        Self {
+            cq,
+            ini,
+            tgt,
+            srq,
+            mailbox,
+            path,
+            ctx,
+        }
+    }
+
+    /// What this peer says of itself in the exchange, as node `node_id`, announcing queue
+    /// pair `qpn` (0 in a connector's first `Hello`) from PSN `psn`.
+    pub fn info(&self, node_id: u64, qpn: u32, psn: u32) -> rdmx_core::bootstrap::EndpointInfo {
+        rdmx_core::bootstrap::EndpointInfo {
+            transport: rdmx_core::bootstrap::Transport::Xrc,
+            qpn,
+            psn,
+            mtu: 4096,
+            primary: self.path.clone(),
+            alternate: None,
+            srq_nums: vec![self.srq.srq_num()],
+            credits: 8,
+            mailbox_addr: self.mailbox.addr(),
+            mailbox_rkey: self.mailbox.rkey().0,
+            max_message: 1 << 20,
+            eager_limit: 32 << 10,
+            context_id: node_id,
+            node_id,
+            tag: 0,
+            xrc_target: None,
+            xrc_target_path: None,
+            xrc_target_alt: None,
+            xrc_in_use: None,
+            token: 0,
+            app_data: Vec::new(),
+        }
+    }
+}
